@@ -1,0 +1,39 @@
+"""diffsoup: differentiable stiff ODE simulation and fitting in JAX.
+
+Import it as ``import diffsoup as ds``. Importing it never changes JAX's global settings and
+never imports Dask, zarr or the GPU binding; those load when first used.
+"""
+
+from ._precision import Precision as Precision
+from ._layout import Layout as Layout
+from ._layout import global_mesh as global_mesh
+from ._layout import mesh_groups as mesh_groups
+from .model import ProblemSpec as ProblemSpec
+from .model import Problem as Problem
+from .model import ReactionNetwork as ReactionNetwork
+from .model import SparsityPattern as SparsityPattern
+from .integrate import simulate as simulate
+from .integrate import Solution as Solution
+from .integrate import Status as Status
+from .integrate import SolveError as SolveError
+from .integrate import Rodas5P as Rodas5P
+from .integrate import PIController as PIController
+from .integrate import ConstantStep as ConstantStep
+from .integrate import ForwardMode as ForwardMode
+from .integrate import CheckpointAdjoint as CheckpointAdjoint
+from . import linear as linear
+
+__version__ = "0.1.0"
+
+# Subpackages that pull in heavier dependencies load on first attribute access.
+_LAZY_SUBMODULES = ("inference", "distributed", "store", "examples", "cli")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'diffsoup' has no attribute {name!r}")
