@@ -1,0 +1,19 @@
+"""Linear solvers behind one interface: ``Dense``, ``KLU`` (CPU) and ``CuDSS`` (GPU)."""
+
+from ._base import LinearSolver as LinearSolver
+from ._base import PreparedSolver as PreparedSolver
+from ._base import SolveInfo as SolveInfo
+from ._dense import Dense as Dense
+from ._klu import KLU as KLU
+
+
+def default_solver(n_states: int, platform: str | None = None) -> LinearSolver:
+    """The solver ``spec.build`` picks when none is given: dense LU for small systems, KLU on CPU."""
+    import jax
+
+    platform = platform or jax.default_backend()
+    if n_states <= 64:
+        return Dense()
+    if platform == "cpu":
+        return KLU()
+    return Dense()

@@ -1,0 +1,48 @@
+"""Dense LU (``jax.scipy.linalg.lu_factor``), for small systems and as the reference backend.
+
+The matrix is assembled from the CSR values into an ``n x n`` array, so memory and time grow as
+``n^2`` and ``n^3``: use it up to a few hundred states. Float32 factors are real float32 LUs.
+A singular matrix gives non-finite solutions, reported as a failed solve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ._base import LinearSolver, PreparedSolver
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense(LinearSolver):
+    """Dense LU with partial pivoting, on any device.
+
+    Args:
+        ir_tol: refinement target (see :class:`LinearSolver`).
+        ir_max_steps: most refinement steps per solve.
+    """
+
+    def prepare(self, pattern, precision) -> "PreparedDense":
+        return PreparedDense(self, pattern, precision)
+
+
+class PreparedDense(PreparedSolver):
+    def _dense(self, values):
+        return jnp.zeros((self.n, self.n), values.dtype).at[self.rows, self.cols].set(values)
+
+    def _raw_begin(self, values, slots):
+        return {}
+
+    def _raw_end(self, workspace, after):
+        return jnp.zeros((), jnp.int32)
+
+    def _raw_factor(self, workspace, values, slot):
+        dtype = jnp.float32 if slot == "low" else values.dtype
+        return jax.scipy.linalg.lu_factor(self._dense(values.astype(dtype)))
+
+    def _raw_solve(self, fac, b, transpose, slot):
+        lu, piv = fac
+        x = jax.scipy.linalg.lu_solve((lu, piv), b.astype(lu.dtype), trans=1 if transpose else 0)
+        return x.astype(b.dtype)

@@ -1,0 +1,71 @@
+"""KLU sparse LU on the CPU (SuiteSparse, through klujax's XLA FFI handlers).
+
+Symbolic analysis once per pattern and process; numeric factorization handles allocated once
+per solve and refactored in place every step; transpose solves for the adjoint. See
+``_klu_ffi`` for how klujax's traps are kept away from the integrator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import _klu_ffi as ffi
+from ._base import LinearSolver, PreparedSolver, round_to_float32
+
+
+@dataclasses.dataclass(frozen=True)
+class KLU(LinearSolver):
+    """KLU sparse direct solver, CPU only, float64 factors.
+
+    Float32 solve modes are emulated: the factors are those of the float32-rounded values, computed
+    in float64 (their accuracy, not their speed).
+
+    Args:
+        ir_tol: refinement target (see :class:`LinearSolver`).
+        ir_max_steps: most refinement steps per solve.
+    """
+
+    def prepare(self, pattern, precision) -> "PreparedKLU":
+        return PreparedKLU(self, pattern, precision)
+
+
+class PreparedKLU(PreparedSolver):
+    def __init__(self, solver, pattern, precision):
+        super().__init__(solver, pattern, precision)
+        ffi.load_klujax()
+        self.sym = np.uint64(ffi.symbolic_handle(pattern))
+        self.Ai = np.asarray(pattern.rows, np.int32)
+        self.Aj = np.asarray(pattern.indices, np.int32)
+        self.diag_mask = np.asarray(pattern.rows == pattern.indices)
+
+    def _identity_like(self, values):
+        # Depends on `values` so that it is batched as they are under vmap, but is always the
+        # identity (finite, never singular).
+        zero = 0.0 * jnp.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        return jnp.where(self.diag_mask, 1.0, zero).astype(jnp.float64)
+
+    def _raw_begin(self, values, slots):
+        eye = self._identity_like(values)
+        return {slot: ffi.factor(self.Ai, self.Aj, eye, self.sym) for slot in slots}
+
+    def _raw_end(self, workspace, after):
+        token = jnp.zeros((), jnp.int32)
+        for slot in sorted(workspace):
+            token = token + ffi.free(workspace[slot], (after, token))
+        return token
+
+    def _raw_factor(self, workspace, values, slot):
+        v = round_to_float32(values) if slot == "low" else values
+        # Only finite values are factored: klujax turns a singular matrix into a program abort.
+        finite = jnp.all(jnp.isfinite(v))
+        v = jnp.where(finite, v, self._identity_like(v))
+        return {"num": ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace[slot]), "finite": finite}
+
+    def _raw_solve(self, fac, b, transpose, slot):
+        x = ffi.solve(self.sym, fac["num"], b, transpose)
+        if slot == "low":
+            x = x.astype(jnp.float32).astype(b.dtype)
+        return jnp.where(fac["finite"], x, jnp.nan)

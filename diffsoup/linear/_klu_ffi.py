@@ -1,0 +1,216 @@
+"""KLU inside jit: klujax's FFI handlers, wrapped so that none of klujax's traps reach diffsoup.
+
+klujax (0.5.2) registers XLA FFI handlers for KLU (SuiteSparse's sparse LU for circuit-like
+matrices) that work on raw numeric handles. We call those handlers through primitives of our
+own, because its Python layer has traps for an integrator that factors once per step:
+
+* importing it sets JAX's global ``jax_enable_x64`` and default platform to CPU: we import it
+  through :func:`load_klujax`, which restores both, so a GPU user's process is left alone;
+* its ``factor`` inside jit returns handles nobody frees (a leak per step): we allocate numeric
+  handles once per solve (``begin``), refactor them in place each step, and free them with its
+  ``free_numeric`` handler at the end, ordered after their last use by an optimization barrier;
+  all three calls are marked side-effecting, so XLA neither drops nor merges them;
+* in-place refactorization has no data dependency XLA can see: the handle returned by the
+  refactor is what the solves take, and each integrator step is a loop iteration, so a
+  refactorization always follows the solves that used the previous factors;
+* its Python wrappers sort the pattern on every call (a pattern closed over as a constant made
+  XLA constant-fold that sort for many seconds): our patterns are CSR, already row-major
+  sorted and duplicate-free, and go straight to the handlers;
+* it factors in float64 only: float32 factor modes are emulated (factors of float32-rounded
+  values), which matches float32 factors' accuracy but not their speed (see the README);
+* a numerically singular matrix makes the handler return an error, which aborts the whole
+  jitted program: the integrator factors ``I/(h gamma) - J`` only for finite values and a finite,
+  positive ``1/(h gamma)``, and replaces anything else by the identity with a failed status.
+  A finite matrix that is exactly singular is still possible in principle (a user pattern
+  without the Jacobian's true entries, a ``J`` with an eigenvalue exactly ``1/(h gamma)``); then
+  ``simulate`` re-raises the runtime error with this explanation.
+
+Batching: each primitive takes a leading ``n_lhs`` dimension (klujax's layout); ``vmap`` folds
+its batch into that dimension, and a right-hand side batched against an unbatched factorization
+(forward sensitivities: many tangents, one factorization) becomes columns of one multi-RHS solve.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+_lock = threading.Lock()
+_loaded = False
+_symbolic: dict[str, object] = {}  # pattern fingerprint -> KLUSymbolic, kept for the process
+
+
+def load_klujax():
+    """Import klujax without letting it change JAX's global configuration; register our targets."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        saved = {name: jax.config.values[name] for name in ("jax_enable_x64", "jax_platform_name")}
+        try:
+            import klujax  # noqa: F401  (registers its FFI targets)
+            import klujax_cpp
+        except ImportError as err:  # pragma: no cover - klujax is a dependency
+            raise ImportError(
+                "ds.linear.KLU needs the klujax package (pip install klujax); or use ds.linear.Dense()."
+            ) from err
+        finally:
+            for name, value in saved.items():
+                jax.config.update(name, value)
+        jax.ffi.register_ffi_target("diffsoup_klu_free_numeric", klujax_cpp.free_numeric(), platform="cpu")
+        _loaded = True
+
+
+def symbolic_handle(pattern) -> int:
+    """KLU's symbolic analysis of a pattern: once per pattern and process, never freed (compiled
+    programs keep its address)."""
+    load_klujax()
+    import klujax
+
+    key = pattern.fingerprint
+    with _lock:
+        sym = _symbolic.get(key)
+        if sym is None:
+            saved = jax.config.values["jax_enable_x64"]
+            jax.config.update("jax_enable_x64", True)  # its handles are uint64
+            try:
+                sym = klujax.analyze(
+                    np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32), pattern.n
+                )
+            finally:
+                jax.config.update("jax_enable_x64", saved)
+            _symbolic[key] = sym
+    return int(sym.raw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives (no autodiff rules: the integrator's solve has its own JVP and adjoint)
+# ----------------------------------------------------------------------------------------------
+
+klu_factor_p = Primitive("diffsoup_klu_factor")  # (Ai, Aj, Ax[L,nnz], sym) -> handles[L]
+klu_refactor_p = Primitive("diffsoup_klu_refactor")  # (Ai, Aj, Ax[L,nnz], sym, num[L]) -> num[L]
+klu_solve_p = Primitive("diffsoup_klu_solve")  # (sym, num[L], b[L,n,k]; transpose) -> x[L,n,k]
+klu_free_p = Primitive("diffsoup_klu_free")  # (num[L]) -> int32[]
+
+_U64 = np.dtype(np.uint64)
+
+klu_factor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym: jax.core.ShapedArray(Ax.shape[:1], _U64))
+klu_refactor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym, num: jax.core.ShapedArray(num.shape, _U64))
+klu_solve_p.def_abstract_eval(lambda sym, num, b, *, transpose: jax.core.ShapedArray(b.shape, b.dtype))
+klu_free_p.def_abstract_eval(lambda num: jax.core.ShapedArray((), np.dtype(np.int32)))
+
+def _impl_by_jit(prim):
+    # Eager use (outside jit) compiles the single primitive, like any jax.numpy call.
+    prim.def_impl(lambda *args, **params: jax.jit(functools.partial(prim.bind, **params))(*args))
+
+
+for _prim in (klu_factor_p, klu_refactor_p, klu_solve_p, klu_free_p):
+    _impl_by_jit(_prim)
+
+mlir.register_lowering(klu_factor_p, jax.ffi.ffi_lowering("factor_f64", has_side_effect=True), platform="cpu")
+mlir.register_lowering(
+    klu_refactor_p, jax.ffi.ffi_lowering("refactor_f64", has_side_effect=True), platform="cpu"
+)
+mlir.register_lowering(
+    klu_free_p, jax.ffi.ffi_lowering("diffsoup_klu_free_numeric", has_side_effect=True), platform="cpu"
+)
+
+
+def _solve_lowering(ctx, sym, num, b, *, transpose):
+    target = "tsolve_with_numeric_f64" if transpose else "solve_with_numeric_f64"
+    return jax.ffi.ffi_lowering(target)(ctx, sym, num, b)
+
+
+mlir.register_lowering(klu_solve_p, _solve_lowering, platform="cpu")
+
+
+def _merge(x, bdim, size):
+    """Move the batch dimension to the front and merge it into the ``n_lhs`` dimension."""
+    x = batching.bdim_at_front(x, bdim, size)
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _factor_batch(args, dims):
+    Ai, Aj, Ax, sym = args
+    if dims[0] is not batching.not_mapped or dims[1] is not batching.not_mapped or dims[3] is not batching.not_mapped:
+        raise NotImplementedError("KLU: the pattern and its analysis cannot be batched")
+    size = Ax.shape[dims[2]]
+    ax = _merge(Ax, dims[2], size)
+    out = klu_factor_p.bind(Ai, Aj, ax, sym)
+    return out.reshape((size, -1)), 0
+
+
+def _refactor_batch(args, dims):
+    Ai, Aj, Ax, sym, num = args
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    if dims[4] is batching.not_mapped:
+        raise NotImplementedError("KLU: batched values need batched handles (allocate them under the same vmap)")
+    ax = _merge(Ax, dims[2], size)
+    h = _merge(num, dims[4], size)
+    out = klu_refactor_p.bind(Ai, Aj, ax, sym, h)
+    return out.reshape((size, -1)), 0
+
+
+def _solve_batch(args, dims, *, transpose):
+    sym, num, b = args
+    nd, bd = dims[1], dims[2]
+    if nd is batching.not_mapped:
+        # One factorization, many right-hand sides: fold the batch into the RHS columns.
+        size = b.shape[bd]
+        bb = jnp.moveaxis(b, bd, -1)  # (L, n, k, B)
+        L, n, k = bb.shape[:3]
+        x = klu_solve_p.bind(sym, num, bb.reshape(L, n, k * size), transpose=transpose)
+        return x.reshape(L, n, k, size), 3
+    size = num.shape[nd]
+    h = _merge(num, nd, size)
+    bb = _merge(b, bd, size) if bd is not batching.not_mapped else jnp.tile(b, (size, 1, 1))
+    x = klu_solve_p.bind(sym, h, bb, transpose=transpose)
+    return x.reshape((size, -1) + x.shape[1:]), 0
+
+
+def _free_batch(args, dims):
+    (num,) = args
+    return klu_free_p.bind(num.reshape(-1)), batching.not_mapped
+
+
+batching.primitive_batchers[klu_factor_p] = _factor_batch
+batching.primitive_batchers[klu_refactor_p] = _refactor_batch
+batching.primitive_batchers[klu_solve_p] = _solve_batch
+batching.primitive_batchers[klu_free_p] = _free_batch
+
+
+# ----------------------------------------------------------------------------------------------
+# Functions on unbatched values (vmap adds the batch)
+# ----------------------------------------------------------------------------------------------
+
+
+def factor(Ai, Aj, values, sym):
+    return klu_factor_p.bind(Ai, Aj, values[None].astype(jnp.float64), sym)
+
+
+def refactor(Ai, Aj, values, sym, num):
+    return klu_refactor_p.bind(Ai, Aj, values[None].astype(jnp.float64), sym, num)
+
+
+def solve(sym, num, b, transpose):
+    dtype = b.dtype
+    vector = b.ndim == 1
+    bb = b.reshape(1, b.shape[0], -1).astype(jnp.float64)
+    x = klu_solve_p.bind(sym, num, bb, transpose=bool(transpose))[0]
+    return (x[:, 0] if vector else x).astype(dtype)
+
+
+def free(num, after):
+    num = jax.lax.optimization_barrier((num, after))[0]
+    return klu_free_p.bind(num)
+
+
+@functools.cache
+def sym_array(raw: int):
+    return np.uint64(raw)

@@ -1,0 +1,152 @@
+"""Reaction networks written as text: ``"2 A + B -> C"``, mass action or user rate laws."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._spec import ProblemSpec
+
+_TERM = re.compile(r"^\s*(?:(\d+(?:\.\d*)?)\s*\*?\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*$")
+_EMPTY = {"", "0", "∅", "nothing"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reaction:
+    """One reaction: reactant and product stoichiometries and its rate.
+
+    ``rate`` is a parameter name (mass action: ``k * prod(c_i ** nu_i)``) or a function
+    ``rate(t, c, p) -> flux`` of time, the concentrations (a dict by species) and the parameters.
+    """
+
+    reactants: tuple[tuple[str, float], ...]
+    products: tuple[tuple[str, float], ...]
+    rate: str | Callable
+    text: str
+
+
+def _side(text: str, equation: str) -> tuple[tuple[str, float], ...]:
+    text = text.strip()
+    if text in _EMPTY:
+        return ()
+    terms = []
+    for part in text.split("+"):
+        m = _TERM.match(part)
+        if not m:
+            raise ValueError(f"reaction {equation!r}: cannot read the term {part.strip()!r} (write e.g. '2 A + B').")
+        coeff = float(m.group(1)) if m.group(1) else 1.0
+        terms.append((m.group(2), coeff))
+    return tuple(terms)
+
+
+def parse_reaction(equation: str) -> tuple[tuple, tuple, bool]:
+    """``(reactants, products, reversible)`` of ``"2 A + B -> C"`` or ``"A <-> B"``."""
+    if "<->" in equation:
+        left, right = equation.split("<->", 1)
+        reversible = True
+    elif "->" in equation:
+        left, right = equation.split("->", 1)
+        reversible = False
+    else:
+        raise ValueError(f"reaction {equation!r} has no arrow; write 'A + B -> C' or 'A <-> B'.")
+    return _side(left, equation), _side(right, equation), reversible
+
+
+class ReactionNetwork:
+    """A chemical reaction network that builds a :class:`ProblemSpec`.
+
+    Args:
+        species: species names (the states, in this order).
+        reactions: ``(equation, rate)`` pairs; ``rate`` is a parameter name (mass action) or a
+            function ``rate(t, c, p)``; a reversible ``"A <-> B"`` takes a pair of rates
+            ``(forward, backward)``.
+        parameters: parameter names with default values.
+        name: a name for messages.
+
+    Example::
+
+        net = ds.ReactionNetwork(
+            species=["A", "B", "C"],
+            reactions=[("A -> B", "k1"), ("2 B -> B + C", "k2"), ("B + C -> A + C", "k3")],
+            parameters={"k1": 0.04, "k2": 3e7, "k3": 1e4},
+        )
+        problem = net.to_spec(y0=[1, 0, 0]).build()
+    """
+
+    def __init__(
+        self,
+        species: Sequence[str],
+        reactions: Sequence[tuple],
+        parameters: Mapping[str, float] | Sequence[str] = (),
+        *,
+        name: str = "network",
+    ):
+        self.species = tuple(species)
+        if not self.species:
+            raise ValueError("ReactionNetwork: no species.")
+        self.name = name
+        self.parameters = dict(parameters) if isinstance(parameters, Mapping) else {k: None for k in parameters}
+        index = {s: i for i, s in enumerate(self.species)}
+        self.reactions: list[Reaction] = []
+        for entry in reactions:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+                raise ValueError(f"ReactionNetwork: each reaction is (equation, rate); got {entry!r}.")
+            equation, rate = entry
+            reactants, products, reversible = parse_reaction(equation)
+            for sp_name, _ in reactants + products:
+                if sp_name not in index:
+                    raise ValueError(f"reaction {equation!r}: unknown species {sp_name!r}; species are {list(self.species)}.")
+            rates = rate if reversible else (rate,)
+            if reversible and not (isinstance(rate, (tuple, list)) and len(rate) == 2):
+                raise ValueError(f"reaction {equation!r} is reversible: give (forward_rate, backward_rate).")
+            for r in rates:
+                if isinstance(r, str) and r not in self.parameters:
+                    raise ValueError(f"reaction {equation!r}: unknown rate parameter {r!r}; parameters are {list(self.parameters)}.")
+                if not (isinstance(r, str) or callable(r)):
+                    raise ValueError(f"reaction {equation!r}: a rate is a parameter name or a function rate(t, c, p).")
+            self.reactions.append(Reaction(reactants, products, rates[0], equation))
+            if reversible:
+                self.reactions.append(Reaction(products, reactants, rates[1], equation + " (backward)"))
+        n_s, n_r = len(self.species), len(self.reactions)
+        self.stoichiometry = np.zeros((n_s, n_r))
+        for j, rxn in enumerate(self.reactions):
+            for s, c in rxn.reactants:
+                self.stoichiometry[index[s], j] -= c
+            for s, c in rxn.products:
+                self.stoichiometry[index[s], j] += c
+
+    def fluxes(self, t, y, p):
+        """Reaction fluxes at concentrations ``y``."""
+        index = {s: i for i, s in enumerate(self.species)}
+        conc = None
+        out = []
+        for rxn in self.reactions:
+            if callable(rxn.rate):
+                if conc is None:
+                    conc = {s: y[i] for s, i in index.items()}
+                out.append(jnp.asarray(rxn.rate(t, conc, p), y.dtype))
+                continue
+            flux = p[rxn.rate]
+            for s, c in rxn.reactants:
+                yi = y[index[s]]
+                flux = flux * (yi if c == 1.0 else (yi * yi if c == 2.0 else yi**c))
+            out.append(jnp.asarray(flux, y.dtype))
+        return jnp.stack(out)
+
+    def rhs(self, t, y, p):
+        """``dy/dt = S @ fluxes``."""
+        return jnp.asarray(self.stoichiometry, y.dtype) @ self.fluxes(t, y, p)
+
+    def to_spec(self, *, y0=None, jac_sparsity=None) -> ProblemSpec:
+        """The network as a :class:`ProblemSpec` (states = species, parameters = rate constants)."""
+        return ProblemSpec(
+            self.rhs, states=self.species, parameters=self.parameters, y0=y0, jac_sparsity=jac_sparsity,
+            name=self.name,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"ReactionNetwork({self.name!r}, species={len(self.species)}, reactions={len(self.reactions)})"

@@ -1,0 +1,527 @@
+"""The JSON ledger of a campaign: one file, written whole and durably after every change.
+
+A ledger records, task by task, what :func:`diffsoup.inference.checkpointed_map` did, so that a
+rerun resumes where the last one stopped. The file layout (version 1)::
+
+    {
+     "format": "diffsoup-ledger",
+     "version": 1,
+     "campaign": "<sha256 of the sorted (task_id, fingerprint) pairs>",
+     "function": "module.qualname of the task function",
+     "created": "<ISO 8601 UTC>",
+     "updated": "<ISO 8601 UTC>",
+     "tasks": {
+      "<task_id>": {"task_id": ..., "fingerprint": ..., "state": ..., "result": ..., "error": ...,
+                    "traceback": ..., "attempts": ..., "started": ..., "finished": ..., "worker": ...},
+      ...
+     }
+    }
+
+Each task record sits on one line, so the file stays readable and ``grep``-able and a save only
+re-serializes the records that changed. ``campaign`` is a checksum of the identity part of the
+records: a ledger whose records were edited into another campaign's, or damaged, is refused.
+
+Writes go to a temporary file in the same directory, which is flushed, fsynced and moved over the
+ledger with ``os.replace``, after which the directory is fsynced: a reader (or a rerun after a
+crash or SIGKILL) sees either the previous ledger or the new one, never a partial file. Only one
+process writes a ledger: :func:`ledger_lock` holds an advisory lock for the whole campaign.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import hashlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterator, Mapping, Set
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+LEDGER_FORMAT = "diffsoup-ledger"
+LEDGER_VERSION = 1
+TASK_STATES = ("pending", "running", "accepted", "failed")
+RECORD_FIELDS = (
+    "task_id",
+    "fingerprint",
+    "state",
+    "result",
+    "error",
+    "traceback",
+    "attempts",
+    "started",
+    "finished",
+    "worker",
+)
+_HEADER_FIELDS = ("format", "version", "campaign", "function", "created", "updated", "tasks")
+_TMP_SUFFIX = ".tmp"
+
+
+class LedgerError(ValueError):
+    """A ledger file that cannot be read, is damaged, or belongs to something else."""
+
+
+class LedgerConflictError(LedgerError):
+    """The ledger recorded a ``task_id`` for a different item than the one given now."""
+
+
+class LedgerLockedError(RuntimeError):
+    """Another process holds the ledger's lock: it is running a campaign on that file."""
+
+
+def now_iso() -> str:
+    """The current time as an ISO 8601 string in UTC with microseconds (the ledger's time format)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+# --------------------------------------------------------------------------------------------
+# Fingerprints
+# --------------------------------------------------------------------------------------------
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _canonical(value: Any, where: str) -> Any:
+    """A JSON-able form of ``value`` that is the same in every process and on every machine.
+
+    Sets are sorted (their iteration order depends on PYTHONHASHSEED), objects become their type
+    name plus their fields, arrays their nested lists; a repr holding a memory address would
+    differ between runs, so it is refused rather than silently making every rerun a conflict.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        # json writes nan/inf as NaN/Infinity; fine for a hash, and keeps 1.0 != 1.
+        return value
+    if isinstance(value, enum.Enum):
+        return {"__enum__": f"{type(value).__qualname__}.{value.name}"}
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            name = key if isinstance(key, str) else repr(_canonical(key, where))
+            out[name] = _canonical(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, (Set, frozenset)):
+        parts = [_canonical(item, f"{where}{{...}}") for item in value]
+        return {"__set__": sorted(parts, key=lambda p: json.dumps(p, sort_keys=True))}
+    if isinstance(value, (bytes, bytearray)):
+        return {"__bytes__": bytes(value).hex()}
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and hasattr(value, "dtype"):
+        # NumPy and JAX arrays and scalars; a scalar counts as the Python number it holds, as a
+        # NumPy float64 (a float subclass) already does above.
+        if getattr(value, "ndim", None) == 0:
+            return _canonical(tolist(), where)
+        return {"__array__": _canonical(tolist(), where), "dtype": str(value.dtype)}
+    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
+        return {"__callable__": f"{getattr(value, '__module__', '')}.{value.__qualname__}"}
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"__type__": type(value).__qualname__, "fields": _canonical(fields, where)}
+    if hasattr(value, "__dict__"):
+        return {"__type__": type(value).__qualname__, "fields": _canonical(vars(value), where)}
+    text = repr(value)
+    if _ADDRESS.search(text):
+        raise TypeError(
+            f"{where} = {text} cannot be fingerprinted stably: its repr holds a memory address, "
+            "which changes from run to run. Give it a __repr__ without the address, make it a "
+            "dataclass, or pass a mapping."
+        )
+    return {"__repr__": f"{type(value).__qualname__}:{text}"}
+
+
+def fingerprint(item: Any) -> str:
+    """A stable hash of a campaign item: the same item gives the same string in any process.
+
+    Args:
+        item: a mapping, a dataclass, an object with a ``__dict__``, or any value whose ``repr``
+            does not hold a memory address. Nested values follow the same rules; NumPy and JAX
+            arrays count by their values and dtype, sets regardless of order.
+
+    Returns:
+        The hex SHA-256 of the item's canonical JSON (sorted keys, no whitespace).
+
+    Raises:
+        TypeError: if part of the item only has a repr with a memory address.
+    """
+    canonical = _canonical(item, "item")
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def campaign_fingerprint(tasks: Mapping[str, Mapping[str, Any]]) -> str:
+    """The checksum of a ledger's identity: SHA-256 of its sorted ``(task_id, fingerprint)`` pairs."""
+    pairs = sorted((tid, rec["fingerprint"]) for tid, rec in tasks.items())
+    text = json.dumps(pairs, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Durable writes, backups and the lock
+# --------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows, or a file system that refuses it: the rename is still atomic.
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_durably(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a crash leaves either the old or the new file whole.
+
+    Args:
+        path: the file to write; its directory must exist.
+        text: the full new content (UTF-8).
+
+    Raises:
+        OSError: if the directory cannot be written; the old file is then left as it was.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # Whatever stopped us (a full disk, a KeyboardInterrupt), the old file is intact.
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete temporary files a killed writer left beside ``path``; call it holding the lock.
+
+    Returns:
+        The paths removed.
+    """
+    path = Path(path)
+    removed = []
+    prefix = f".{path.name}."
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.name.endswith(_TMP_SUFFIX):
+            try:
+                entry.unlink()
+                removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
+def backup_ledger(path: str | os.PathLike) -> Path:
+    """Move the ledger at ``path`` aside to ``<name>.<UTC time>.bak``, never replacing a file.
+
+    Args:
+        path: an existing ledger file (valid or not: a damaged file is kept as it is).
+
+    Returns:
+        The path of the backup.
+
+    Raises:
+        OSError: if the file cannot be moved; it is then still at ``path``.
+    """
+    path = Path(path)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    for n in range(1000):
+        suffix = f".{stamp}.bak" if n == 0 else f".{stamp}-{n}.bak"
+        target = path.with_name(path.name + suffix)
+        try:
+            # link() refuses an existing target, so no backup is ever overwritten.
+            os.link(path, target)
+        except FileExistsError:
+            continue
+        except OSError:
+            if target.exists():
+                continue
+            # File systems without hard links: rename after the existence check above.
+            os.rename(path, target)
+        else:
+            os.unlink(path)
+        _fsync_dir(path.parent)
+        return target
+    raise OSError(f"could not find a free backup name for {path}")
+
+
+@contextmanager
+def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``<path>.lock`` while a campaign writes ``path``.
+
+    The kernel drops the lock when the process dies (even by SIGKILL), so a rerun is never blocked
+    by a stale lock. Where the file system offers no locks, the campaign runs without one.
+
+    Raises:
+        LedgerLockedError: if another process holds the lock.
+    """
+    path = Path(path)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks through fcntl.
+        yield
+        return
+    lock_path = path.with_name(path.name + ".lock")
+    handle = open(lock_path, "a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise LedgerLockedError(
+                f"ledger {path} is in use by another process ({holder}); a ledger has one writer. "
+                "Wait for that campaign to end, or give this one another ledger_path."
+            ) from None
+        except OSError as exc:
+            warnings.warn(
+                f"cannot lock {lock_path} ({exc}); running without a lock, so do not start a "
+                "second campaign on this ledger at the same time.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        else:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {os.uname().nodename} since {now_iso()}\n")
+            handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The ledger
+# --------------------------------------------------------------------------------------------
+
+
+def _dump_record(record: Mapping[str, Any]) -> str:
+    return json.dumps(
+        {name: record[name] for name in RECORD_FIELDS},
+        separators=(", ", ": "),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def new_record(task_id: str, fingerprint: str) -> dict[str, Any]:
+    """A pending task record: never started, no result."""
+    return {
+        "task_id": task_id,
+        "fingerprint": fingerprint,
+        "state": "pending",
+        "result": None,
+        "error": None,
+        "traceback": None,
+        "attempts": 0,
+        "started": None,
+        "finished": None,
+        "worker": None,
+    }
+
+
+def _check_record(record: Any, key: str) -> str | None:
+    """What is wrong with one task record as read from a file, or None."""
+    if not isinstance(record, dict):
+        return f"the record of task {key!r} is a {type(record).__name__}, not an object"
+    missing = [name for name in RECORD_FIELDS if name not in record]
+    if missing:
+        return f"the record of task {key!r} lacks {', '.join(missing)}"
+    if record["task_id"] != key:
+        return f"the record under {key!r} names task {record['task_id']!r}"
+    if not isinstance(record["fingerprint"], str) or not record["fingerprint"]:
+        return f"the record of task {key!r} has no fingerprint"
+    if record["state"] not in TASK_STATES:
+        return f"task {key!r} has state {record['state']!r}, not one of {TASK_STATES}"
+    attempts = record["attempts"]
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        return f"task {key!r} has attempts={attempts!r}, not a count"
+    for name in ("error", "traceback", "started", "finished", "worker"):
+        if record[name] is not None and not isinstance(record[name], str):
+            return f"task {key!r} has {name}={record[name]!r}, not a string or null"
+    return None
+
+
+class Ledger:
+    """The in-memory copy of one ledger file; :meth:`save` writes it back whole and durably.
+
+    Records are plain dicts with the keys of :data:`RECORD_FIELDS`. Records of tasks that the
+    current campaign does not name are kept as they are, so shrinking or growing a campaign's
+    item list never drops what the ledger knows.
+
+    Args:
+        path: the ledger file.
+        function: ``module.qualname`` of the task function, kept for people reading the file.
+        created: ISO time the ledger was first written, or None for now.
+        tasks: records keyed by task_id, in order.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        function: str | None = None,
+        created: str | None = None,
+        tasks: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        self.path = Path(path)
+        self.function = function
+        self.created = created or now_iso()
+        self._records: dict[str, dict[str, Any]] = {}
+        self._lines: dict[str, str] = {}
+        for task_id, record in (tasks or {}).items():
+            self.set(task_id, record)
+
+    def __contains__(self, task_id: str) -> bool:
+        return task_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def task_ids(self) -> list[str]:
+        """The recorded task ids, in file order."""
+        return list(self._records)
+
+    def get(self, task_id: str) -> dict[str, Any] | None:
+        """A copy of the record of ``task_id``, or None if the ledger has none."""
+        record = self._records.get(task_id)
+        return None if record is None else dict(record)
+
+    def set(self, task_id: str, record: Mapping[str, Any]) -> None:
+        """Replace the record of ``task_id`` (in memory; :meth:`save` writes it).
+
+        Raises:
+            ValueError: if the record is malformed or its result is not strict JSON.
+        """
+        record = {name: record[name] for name in RECORD_FIELDS}
+        problem = _check_record(record, task_id)
+        if problem:
+            raise ValueError(problem)
+        line = _dump_record(record)  # raises before anything changes if it is not JSON
+        self._records[task_id] = record
+        self._lines[task_id] = line
+
+    @property
+    def campaign(self) -> str:
+        """The campaign fingerprint of the records held now."""
+        return campaign_fingerprint(self._records)
+
+    def to_text(self) -> str:
+        """The file content: a header, then one task record per line."""
+        header = {
+            "format": LEDGER_FORMAT,
+            "version": LEDGER_VERSION,
+            "campaign": self.campaign,
+            "function": self.function,
+            "created": self.created,
+            "updated": now_iso(),
+        }
+        head = "".join(f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)},\n" for k, v in header.items())
+        body = ",\n".join(f"  {json.dumps(k, ensure_ascii=False)}: {line}" for k, line in self._lines.items())
+        tasks = ' "tasks": {\n' + body + "\n }\n" if body else ' "tasks": {}\n'
+        return "{\n" + head + tasks + "}\n"
+
+    def save(self) -> None:
+        """Write the whole ledger to its file durably (see the module docstring)."""
+        write_text_durably(self.path, self.to_text())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Ledger:
+        """Read and check a ledger file.
+
+        Args:
+            path: the ledger file, which must exist.
+
+        Returns:
+            The ledger, with records in file order.
+
+        Raises:
+            FileNotFoundError: if there is no file at ``path``.
+            LedgerError: if the file cannot be read, is not JSON, is not a diffsoup ledger, was
+                written by a newer version, or its records are damaged. The file is left as it is.
+        """
+        path = Path(path)
+        fix = (
+            "The file was left untouched. Move it away, or pass resume=False to start the "
+            "campaign anew (the old file is then kept beside it as a .bak)."
+        )
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise LedgerError(f"cannot read the ledger {path}: {exc}. {fix}") from exc
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LedgerError(f"the ledger {path} is corrupted: it is not valid JSON ({exc}). {fix}") from exc
+        if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+            raise LedgerError(
+                f"{path} is not a diffsoup ledger (no \"format\": \"{LEDGER_FORMAT}\" field). {fix}"
+            )
+        version = data.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise LedgerError(f"the ledger {path} is corrupted: its version is {version!r}. {fix}")
+        if version > LEDGER_VERSION:
+            raise LedgerError(
+                f"the ledger {path} has version {version}, written by a newer diffsoup than this one "
+                f"(which reads version {LEDGER_VERSION}); upgrade diffsoup to resume it. {fix}"
+            )
+        missing = [name for name in _HEADER_FIELDS if name not in data]
+        if missing:
+            raise LedgerError(f"the ledger {path} is corrupted: it lacks {', '.join(missing)}. {fix}")
+        tasks = data["tasks"]
+        if not isinstance(tasks, dict):
+            raise LedgerError(f"the ledger {path} is corrupted: \"tasks\" is not an object. {fix}")
+        for key, record in tasks.items():
+            problem = _check_record(record, key)
+            if problem:
+                raise LedgerError(f"the ledger {path} is corrupted: {problem}. {fix}")
+        if campaign_fingerprint(tasks) != data["campaign"]:
+            raise LedgerError(
+                f"the ledger {path} is corrupted: its campaign fingerprint does not match its task "
+                f"records (a record's task_id or fingerprint was changed by hand or damaged). {fix}"
+            )
+        try:
+            return cls(path, function=data["function"], created=data["created"], tasks=tasks)
+        except ValueError as exc:  # e.g. a NaN written by another tool
+            raise LedgerError(f"the ledger {path} is corrupted: {exc}. {fix}") from exc
+
+
+def json_result(value: Any) -> str:
+    """Encode a task result as strict JSON; NumPy/JAX arrays and scalars become (nested) lists.
+
+    Raises:
+        TypeError: for values JSON cannot hold (objects, tuple keys, ...).
+        ValueError: for NaN or infinity, which strict JSON cannot hold either.
+    """
+
+    def default(obj: Any) -> Any:
+        tolist = getattr(obj, "tolist", None)
+        if callable(tolist) and hasattr(obj, "dtype"):
+            return tolist()
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+    # allow_nan=False applies at every depth, including to what default() returns.
+    return json.dumps(value, allow_nan=False, default=default, ensure_ascii=False)
