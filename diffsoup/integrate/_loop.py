@@ -220,7 +220,7 @@ def run_loop(problem, prepared, cfg, p, t_eval, discs, carry, *, on_accept=None,
         return go
 
     def body(c):
-        new = attempt(problem, prepared, cfg, p, t_eval, discs, c)
+        new = dict(c, **attempt(problem, prepared, cfg, p, t_eval, discs, c))  # keeps recorder fields
         if on_accept is not None:
             accepted = new["n_steps"] > c["n_steps"]
             new = jax.lax.cond(accepted, on_accept, lambda x: x, new)

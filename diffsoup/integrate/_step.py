@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..linear._base import SolveInfo, csr_matvec
 from . import _rodas5p as tab
@@ -31,40 +32,71 @@ class SolveModes:
 
     @property
     def all(self) -> tuple[str, ...]:
+        """Modes the forward loop factors for (primal and tangent solves)."""
         return tuple(dict.fromkeys((self.primal, self.tangent)))
+
+    @property
+    def with_reverse(self) -> tuple[str, ...]:
+        """Modes a step inside the reverse sweep factors for (its recompute and its transpose)."""
+        return tuple(dict.fromkeys((self.primal, self.tangent, self.reverse)))
 
 
 _CHANGING = ("fp64", "upgraded", "fp64_ready")  # what an "adaptive" fallback changes in a factorization
 
 
-def linear_solve(prepared, fac, b, modes: SolveModes):
+def _zero_tangent(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
+
+
+def linear_solve(prepared, fac, b, modes: SolveModes, *, reverse: bool = False):
     """``x = W^{-1} b`` for the factorization ``fac``; differentiable in ``b`` and W's values.
 
     Returns ``(x, fac, info)`` (``fac`` upgraded if ``"adaptive"`` fell back to float64).
+
+    Two differentiation rules, one per direction (both reuse ``fac``):
+
+    * ``reverse=False`` (the integration loop): a ``custom_jvp`` whose tangent solves
+      ``W dx = db - dW x`` in the forward-sensitivity mode; it also returns the solve's counters.
+    * ``reverse=True`` (one step inside the adjoint sweep): ``jax.lax.custom_linear_solve``, whose
+      transpose solves with ``W^T`` in the reverse-sweep mode, and whose JVP (forward over
+      reverse: Hessian-vector products) solves with ``W`` again. (Its ``has_aux`` outputs come
+      out batched under ``vmap`` of ``jvp``, which is why the loop does not use it.)
     """
     values = fac["values"]
-    frozen_fac = jax.lax.stop_gradient(fac)
+    frozen = jax.lax.stop_gradient(fac)
 
-    def matvec(x):
-        return csr_matvec(prepared.rows, prepared.cols, prepared.n, values, x)
+    def matvec(v, x):
+        return csr_matvec(prepared.rows, prepared.cols, prepared.n, v, x)
 
-    def solve_with(mode, transpose=False, ir_tol=None):
-        def solve(_linear_map, rhs):
-            x, new_fac, info = prepared.solve(frozen_fac, rhs, mode, transpose=transpose, ir_tol=ir_tol)
-            return x, ({k: new_fac[k] for k in _CHANGING if k in new_fac}, info)
+    if reverse:
 
-        return solve
+        def solve(_matvec, rhs):
+            return prepared.solve(frozen, rhs, modes.primal)[0]
 
-    transpose_solve = solve_with(modes.reverse, True, modes.reverse_ir_tol)
-    if modes.tangent == modes.primal:
-        x, (changed, info) = jax.lax.custom_linear_solve(
-            matvec, b, solve_with(modes.primal), transpose_solve, has_aux=True
-        )
-    else:
-        # The primal in its own mode; tangents through a solve in the forward-sensitivity mode.
-        x0, (changed, info) = solve_with(modes.primal)(None, jax.lax.stop_gradient(b))
-        xt, _ = jax.lax.custom_linear_solve(matvec, b, solve_with(modes.tangent), transpose_solve, has_aux=True)
-        x = x0 + (xt - jax.lax.stop_gradient(xt))
+        def transpose_solve(_vecmat, rhs):
+            return prepared.solve(frozen, rhs, modes.reverse, transpose=True, ir_tol=modes.reverse_ir_tol)[0]
+
+        x = jax.lax.custom_linear_solve(lambda x: matvec(values, x), b, solve, transpose_solve)
+        return x, fac, SolveInfo.success(ok=jnp.all(jnp.isfinite(x)))
+
+    @jax.custom_jvp
+    def solve_stage(fac_, values_, rhs):
+        x, new_fac, info = prepared.solve(fac_, rhs, modes.primal)
+        return x, {k: new_fac[k] for k in _CHANGING if k in new_fac}, info
+
+    @solve_stage.defjvp
+    def solve_stage_jvp(primals, tangents):
+        fac_, values_, rhs = primals
+        _, dvalues, drhs = tangents
+        x, changed, info = solve_stage(fac_, values_, rhs)
+        dx, _, _ = prepared.solve(dict(fac_, **changed), drhs - matvec(dvalues, x), modes.tangent)
+        zeros = jax.tree_util.tree_map(_zero_tangent, (changed, info))
+        return (x, changed, info), (dx,) + zeros
+
+    x, changed, info = solve_stage(frozen, values, b)
     return x, dict(fac, **changed), info
 
 
@@ -78,7 +110,7 @@ def w_values(jac_values, diag, h):
     return (-jac_values).at[diag].add(c)
 
 
-def rodas_stages(problem, prepared, modes, t, y, h, p, jac_values, dT, f0, fac, t_cap):
+def rodas_stages(problem, prepared, modes, t, y, h, p, jac_values, dT, f0, fac, t_cap, *, reverse=False):
     """The eight stages of one Rodas5P step from ``(t, y)`` with step ``h``.
 
     ``fac`` is the factorization of ``W`` for this ``h``; stage times are capped at ``t_cap``
@@ -109,7 +141,7 @@ def rodas_stages(problem, prepared, modes, t, y, h, p, jac_values, dT, f0, fac, 
             rhs = rhs + (C[i, j] * inv_h) * ks[j]
         if tab.D_TIME[i] != 0.0:
             rhs = rhs + (tab.D_TIME[i] * h) * dT
-        k, fac, step_info = linear_solve(prepared, fac, rhs, modes)
+        k, fac, step_info = linear_solve(prepared, fac, rhs, modes, reverse=reverse)
         info = add_info(info, step_info)
         ks.append(k)
     y_new = u + ks[-1]
@@ -125,11 +157,11 @@ def jacobian_and_time_derivative(problem, t, y, p):
 
 def full_step(problem, prepared, modes, workspace, t, y, h, p, t_cap):
     """A whole step as a function of ``(y, p)`` (for the reverse sweep): Jacobian, factorization,
-    stages. Returns ``(y_new, workspace_after)``."""
+    stages. Returns ``y_new``."""
     jac, dT, f0 = jacobian_and_time_derivative(problem, t, y, p)
     diag = jnp.asarray(problem.pattern.diagonal)
-    fac = prepared.factor(workspace, w_values(jac, diag, h), modes.all)
-    y_new, _, fac, _ = rodas_stages(problem, prepared, modes, t, y, h, p, jac, dT, f0, fac, t_cap)
+    fac = prepared.factor(workspace, w_values(jac, diag, h), modes.with_reverse)
+    y_new, _, fac, _ = rodas_stages(problem, prepared, modes, t, y, h, p, jac, dT, f0, fac, t_cap, reverse=True)
     return y_new
 
 

@@ -390,6 +390,7 @@ class Ledger:
         self.created = created or now_iso()
         self._records: dict[str, dict[str, Any]] = {}
         self._lines: dict[str, str] = {}
+        self._campaign: str | None = None
         for task_id, record in (tasks or {}).items():
             self.set(task_id, record)
 
@@ -419,13 +420,18 @@ class Ledger:
         if problem:
             raise ValueError(problem)
         line = _dump_record(record)  # raises before anything changes if it is not JSON
+        previous = self._records.get(task_id)
+        if previous is None or previous["fingerprint"] != record["fingerprint"]:
+            self._campaign = None  # the identity changed; state changes leave it as it is
         self._records[task_id] = record
         self._lines[task_id] = line
 
     @property
     def campaign(self) -> str:
         """The campaign fingerprint of the records held now."""
-        return campaign_fingerprint(self._records)
+        if self._campaign is None:
+            self._campaign = campaign_fingerprint(self._records)
+        return self._campaign
 
     def to_text(self) -> str:
         """The file content: a header, then one task record per line."""
