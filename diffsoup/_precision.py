@@ -168,7 +168,8 @@ class Precision:
 
     @property
     def effective_reverse_sensitivity_solve_mode(self) -> str:
-        mode = self._resolve_mode(self.reverse_sensitivity_solve_mode or self.solve_mode)
+        # Read against the reverse sweep's own dtype: a float64 adjoint of a float32 solve keeps "fp64".
+        mode = self.reverse_sensitivity_solve_mode or self.solve_mode
         if self.effective_adjoint_compute_dtype == np.float32 and mode == "fp64":
             return "fp32"
         return mode

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..store._ledger import (
     Ledger,
     LedgerConflictError,
+    LedgerError,
     backup_ledger,
     fingerprint,
     json_result,
@@ -235,54 +236,59 @@ def _run_on_worker(item: Any, task_id: str, *, fn: Callable, topic: str) -> dict
 
 
 class _Progress:
-    """A progress bar on stderr: tqdm's when tqdm is installed, else a one-line bar of our own."""
+    """A progress bar on stderr: tqdm's when tqdm is installed, else a one-line bar of our own.
 
-    def __init__(self, total: int, done: int, enabled: bool, desc: str = "diffsoup campaign"):
+    Our own bar redraws in place at most ten times a second on a terminal; when stderr is a file
+    or a pipe (CI logs) it writes a line at each tenth of the way instead of flooding the log.
+    """
+
+    def __init__(self, total: int, done: int, failed: int, enabled: bool, desc: str = "diffsoup campaign"):
         self.total, self.desc = total, desc
         self.enabled = enabled and total > 0
         self._tqdm = None
         self._start = time.monotonic()
-        self._last_draw = 0.0
-        self._last_decile = -1
-        self._done = done
-        if not self.enabled:
-            return
-        if importlib.util.find_spec("tqdm") is not None:
+        self._last_draw = -1.0
+        self._drawn: tuple[int, int] | None = None
+        self._done, self._failed = done, failed
+        if self.enabled and importlib.util.find_spec("tqdm") is not None:
             from tqdm.auto import tqdm
 
             self._tqdm = tqdm(total=total, initial=done, desc=desc, unit="task", file=sys.stderr)
-        else:
-            self._draw(force=True)
+            self._tqdm.set_postfix(failed=failed)
 
     def update(self, done: int, failed: int) -> None:
         """Show ``done`` finished tasks (accepted or failed), ``failed`` of them failed."""
         if not self.enabled:
             return
         if self._tqdm is not None:
-            self._tqdm.update(done - self._done)
-            self._tqdm.set_postfix(failed=failed, refresh=False)
+            if (done, failed) != (self._done, self._failed):
+                self._tqdm.set_postfix(failed=failed, refresh=False)
+                self._tqdm.update(done - self._done)
+            self._done, self._failed = done, failed
+            return
         self._done, self._failed = done, failed
-        if self._tqdm is None:
-            self._draw()
+        self._draw()
 
-    def _draw(self, force: bool = False, end: str = "") -> None:
+    def _draw(self, final: bool = False) -> None:
         stream = sys.stderr
         tty = getattr(stream, "isatty", lambda: False)()
         now = time.monotonic()
-        fraction = self._done / self.total
-        decile = int(fraction * 10)
-        # On a terminal redraw at most ten times a second; in a log, write a line per tenth.
-        if not force and (now - self._last_draw < 0.1 if tty else decile == self._last_decile):
+        state = (self._done, self._failed)
+        if tty:
+            if not final and now - self._last_draw < 0.1:
+                return
+        elif state == self._drawn or not final and self._drawn is not None and (
+            self._done * 10 // self.total == self._drawn[0] * 10 // self.total
+        ):
             return
-        self._last_draw, self._last_decile = now, decile
+        self._last_draw, self._drawn = now, state
         width = 30
-        filled = int(width * fraction)
-        failed = getattr(self, "_failed", 0)
+        filled = width * self._done // self.total
         line = (
-            f"{self.desc} [{'#' * filled}{'.' * (width - filled)}] {self._done}/{self.total}"
-            f" failed {failed} {now - self._start:6.1f}s"
+            f"{self.desc} [{'#' * filled}{'.' * (width - filled)}] {self._done}/{self.total} "
+            f"failed {self._failed} {now - self._start:6.1f}s"
         )
-        stream.write(("\r" + line + end) if tty else line + "\n")
+        stream.write(f"\r{line}" + ("\n" if final else "") if tty else line + "\n")
         stream.flush()
 
     def close(self) -> None:
@@ -291,8 +297,7 @@ class _Progress:
         if self._tqdm is not None:
             self._tqdm.close()
         else:
-            tty = getattr(sys.stderr, "isatty", lambda: False)()
-            self._draw(force=True, end="\n" if tty else "")
+            self._draw(final=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,10 +308,13 @@ class _Progress:
 class _Campaign:
     """The ledger of one run plus the bookkeeping of applying outcomes to it."""
 
-    def __init__(self, ledger: Ledger, order: list[str], progress: _Progress):
+    def __init__(self, ledger: Ledger, order: list[str], to_run: list[str], progress: _Progress):
         self.ledger, self.order, self.progress = ledger, order, progress
-        # Kept beside the ledger so that counting for the progress bar costs nothing per save.
+        # The progress bar counts tasks accepted before plus tasks settled in this run; a task
+        # failed in an earlier run runs again, so it starts as queued. Kept beside the ledger so
+        # that counting costs nothing per save.
         self._states = {task_id: ledger.get(task_id)["state"] for task_id in order}
+        self._states.update(dict.fromkeys(to_run, "queued"))
 
     def counts(self) -> tuple[int, int]:
         """(finished tasks, failed tasks) of this campaign."""
@@ -372,6 +380,9 @@ def _open_ledger(
     function: str,
 ) -> Ledger:
     """The ledger to run on: the existing one (checked), or a new one with the old kept as .bak."""
+    if path.exists() and not path.is_file():
+        # Never move a directory or a device aside, even with resume=False.
+        raise LedgerError(f"cannot read the ledger {path}: it is not a regular file. Give a file path.")
     if not path.exists():
         return Ledger(path, function=function)
     if not resume:
@@ -426,7 +437,8 @@ def checkpointed_map(
     Each item carries a ``task_id`` that stays the same across restarts. A result is stored as
     JSON and comes back in that form. A task that raises is recorded as failed, and the others
     still run. The ledger is written whole, durably, after every change, by this process only;
-    another process running a campaign on the same ledger is refused.
+    another process running a campaign on the same ledger is refused (an advisory lock on
+    ``<ledger>.lock``, which the kernel releases when a process dies, even by SIGKILL).
 
     Args:
         fn: the task, a function of one item returning its result (JSON: numbers, strings, bools,
@@ -527,8 +539,8 @@ def checkpointed_map(
                 ledger.set(task_id, record)
         order = list(by_id)
         to_run = [task_id for task_id in order if ledger.get(task_id)["state"] != "accepted"]
-        bar = _Progress(len(order), len(order) - len(to_run), progress)
-        campaign = _Campaign(ledger, order, bar)
+        bar = _Progress(len(order), len(order) - len(to_run), 0, progress)
+        campaign = _Campaign(ledger, order, to_run, bar)
         try:
             campaign.save_and_show()
             if execution == "serial":
@@ -591,7 +603,9 @@ def _start_embedded_cluster(resources: Mapping[str, float]):
 
     # diffsoup's own workers compute in float64 unless the user said otherwise.
     env = {} if "JAX_ENABLE_X64" in os.environ else {"JAX_ENABLE_X64": "1"}
-    dashboard = ":0" if importlib.util.find_spec("bokeh") is not None else None
+    # The scheduler serves HTTP (the dashboard when bokeh is installed) whatever we pass; a
+    # free port on the loopback interface never collides with another cluster's 8787.
+    dashboard = "127.0.0.1:0"
     gpus = _visible_gpus()
     if gpus:
         workers = {
@@ -663,8 +677,9 @@ def _run_dask(
             cluster, client = _start_embedded_cluster(resources)
     events: queue.SimpleQueue = queue.SimpleQueue()
     topic = f"diffsoup-campaign-{uuid.uuid4().hex}"
-    # Keys must be unique on a shared scheduler; eight hex digits read as a hash, so the
-    # dashboard groups the tasks under "diffsoup-<task_id>".
+    # Keys read "diffsoup-<task_id>-<8 hex digits>": unique on a shared scheduler and across
+    # reruns, named by task on the dashboard's task stream, and grouped into one progress bar
+    # per campaign (Dask's key_split drops the hex suffix and words holding digits).
     suffix = uuid.uuid4().hex[:8]
     try:
         # Subscribed before submitting: the scheduler handles a client's messages in order, so

@@ -40,13 +40,14 @@ from ._step import SolveModes, full_step
 RECORD_FIELDS = ("t", "y", "h", "err_prev", "i_out", "i_disc", "n_steps", "acc_h", "acc_cap", "t_new")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class _Static:
     problem: object
     cfg: object
     checkpoints: int
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def solve_with_adjoint(problem, cfg, checkpoints, y0, p, t0, t_eval, discs):
     return _solve(_Static(problem, cfg, checkpoints), y0, p, t0, t_eval, discs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -227,6 +228,7 @@ def batched_zeros(like, y0, p, t0, t_eval):
     return jnp.zeros(like.shape, like.dtype) + 0.0 * jnp.nan_to_num(anchor).astype(like.dtype)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _solve_forward(problem, cfg, y0, p, t0, t_eval, discs):
     """The forward pass: begin (allocate factors), loop, end (release after the outputs)."""
     prepared = problem.prepared

@@ -8,8 +8,8 @@ own, because its Python layer has traps for an integrator that factors once per 
   through :func:`load_klujax`, which restores both, so a GPU user's process is left alone;
 * its ``factor`` inside jit returns handles nobody frees (a leak per step): we allocate numeric
   handles once per solve (``begin``), refactor them in place each step, and free them with its
-  ``free_numeric`` handler at the end, ordered after their last use by an optimization barrier;
-  all three calls are marked side-effecting, so XLA neither drops nor merges them;
+  ``free_numeric`` handler at the end, ordered after their last use by a data dependency
+  (see ``_free_after``); all three calls are marked side-effecting, so XLA neither drops nor merges them;
 * in-place refactorization has no data dependency XLA can see: the handle returned by the
   refactor is what the solves take, and each integrator step is a loop iteration, so a
   refactorization always follows the solves that used the previous factors;
@@ -96,14 +96,14 @@ def symbolic_handle(pattern) -> int:
 klu_factor_p = Primitive("diffsoup_klu_factor")  # (Ai, Aj, Ax[L,nnz], sym) -> handles[L]
 klu_refactor_p = Primitive("diffsoup_klu_refactor")  # (Ai, Aj, Ax[L,nnz], sym, num[L]) -> num[L]
 klu_solve_p = Primitive("diffsoup_klu_solve")  # (sym, num[L], b[L,n,k]; transpose) -> x[L,n,k]
-klu_free_p = Primitive("diffsoup_klu_free")  # (num[L]) -> int32[]
+klu_free_p = Primitive("diffsoup_klu_free")  # (num[L], after: f64[]) -> int32[]
 
 _U64 = np.dtype(np.uint64)
 
 klu_factor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym: jax.core.ShapedArray(Ax.shape[:1], _U64))
 klu_refactor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym, num: jax.core.ShapedArray(num.shape, _U64))
 klu_solve_p.def_abstract_eval(lambda sym, num, b, *, transpose: jax.core.ShapedArray(b.shape, b.dtype))
-klu_free_p.def_abstract_eval(lambda num: jax.core.ShapedArray((), np.dtype(np.int32)))
+klu_free_p.def_abstract_eval(lambda num, after: jax.core.ShapedArray((), np.dtype(np.int32)))
 
 def _impl_by_jit(prim):
     # Eager use (outside jit) compiles the single primitive, like any jax.numpy call.
@@ -117,9 +117,20 @@ mlir.register_lowering(klu_factor_p, jax.ffi.ffi_lowering("factor_f64", has_side
 mlir.register_lowering(
     klu_refactor_p, jax.ffi.ffi_lowering("refactor_f64", has_side_effect=True), platform="cpu"
 )
-mlir.register_lowering(
-    klu_free_p, jax.ffi.ffi_lowering("diffsoup_klu_free_numeric", has_side_effect=True), platform="cpu"
-)
+
+
+def _free_after(num, after):
+    # XLA's CPU runtime runs thunks in any order their *data* dependencies allow, and removes
+    # optimization barriers before that, so a barrier does not order a side effect. The handle
+    # gets "+ 0" where the 0 is popcount(bits(after)) > 64: always false for a 64-bit word, but
+    # nothing the simplifier folds, so the release waits for `after`.
+    bits = jax.lax.bitcast_convert_type(after, jnp.uint64)
+    zero = (jax.lax.population_count(bits) > 64).astype(jnp.uint64)
+    call = jax.ffi.ffi_call("diffsoup_klu_free_numeric", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)
+    return call(num + zero)
+
+
+mlir.register_lowering(klu_free_p, mlir.lower_fun(_free_after, multiple_results=False), platform="cpu")
 
 
 def _solve_lowering(ctx, sym, num, b, *, transpose):
@@ -130,15 +141,18 @@ def _solve_lowering(ctx, sym, num, b, *, transpose):
 mlir.register_lowering(klu_solve_p, _solve_lowering, platform="cpu")
 
 
+_NOT_MAPPED = None  # how JAX marks an unbatched operand in a batching rule
+
+
 def _merge(x, bdim, size):
     """Move the batch dimension to the front and merge it into the ``n_lhs`` dimension."""
-    x = batching.bdim_at_front(x, bdim, size)
+    x = jnp.moveaxis(x, bdim, 0)
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
 def _factor_batch(args, dims):
     Ai, Aj, Ax, sym = args
-    if dims[0] is not batching.not_mapped or dims[1] is not batching.not_mapped or dims[3] is not batching.not_mapped:
+    if dims[0] is not _NOT_MAPPED or dims[1] is not _NOT_MAPPED or dims[3] is not _NOT_MAPPED:
         raise NotImplementedError("KLU: the pattern and its analysis cannot be batched")
     size = Ax.shape[dims[2]]
     ax = _merge(Ax, dims[2], size)
@@ -148,8 +162,8 @@ def _factor_batch(args, dims):
 
 def _refactor_batch(args, dims):
     Ai, Aj, Ax, sym, num = args
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
-    if dims[4] is batching.not_mapped:
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
+    if dims[4] is _NOT_MAPPED:
         raise NotImplementedError("KLU: batched values need batched handles (allocate them under the same vmap)")
     ax = _merge(Ax, dims[2], size)
     h = _merge(num, dims[4], size)
@@ -160,7 +174,7 @@ def _refactor_batch(args, dims):
 def _solve_batch(args, dims, *, transpose):
     sym, num, b = args
     nd, bd = dims[1], dims[2]
-    if nd is batching.not_mapped:
+    if nd is _NOT_MAPPED:
         # One factorization, many right-hand sides: fold the batch into the RHS columns.
         size = b.shape[bd]
         bb = jnp.moveaxis(b, bd, -1)  # (L, n, k, B)
@@ -169,14 +183,18 @@ def _solve_batch(args, dims, *, transpose):
         return x.reshape(L, n, k, size), 3
     size = num.shape[nd]
     h = _merge(num, nd, size)
-    bb = _merge(b, bd, size) if bd is not batching.not_mapped else jnp.tile(b, (size, 1, 1))
+    bb = _merge(b, bd, size) if bd is not _NOT_MAPPED else jnp.tile(b, (size, 1, 1))
     x = klu_solve_p.bind(sym, h, bb, transpose=transpose)
     return x.reshape((size, -1) + x.shape[1:]), 0
 
 
 def _free_batch(args, dims):
-    (num,) = args
-    return klu_free_p.bind(num.reshape(-1)), batching.not_mapped
+    num, after = args
+    if dims[1] is not _NOT_MAPPED:
+        after = jnp.sum(after)  # one release after all lanes' work, never one per lane
+    if dims[0] is not _NOT_MAPPED:
+        num = _merge(num, dims[0], num.shape[dims[0]])
+    return klu_free_p.bind(num, after), _NOT_MAPPED
 
 
 batching.primitive_batchers[klu_factor_p] = _factor_batch
@@ -207,8 +225,10 @@ def solve(sym, num, b, transpose):
 
 
 def free(num, after):
-    num = jax.lax.optimization_barrier((num, after))[0]
-    return klu_free_p.bind(num)
+    """Release numeric handles once ``after`` (any pytree) is computed."""
+    leaves = [jnp.sum(jnp.asarray(x).astype(jnp.float64)) for x in jax.tree_util.tree_leaves(after)]
+    total = functools.reduce(jnp.add, leaves, jnp.zeros((), jnp.float64))
+    return klu_free_p.bind(num, total)
 
 
 @functools.cache

@@ -1,0 +1,251 @@
+"""The JSON ledger: fingerprints, durable writes, backups, the lock, and refusing damaged files."""
+
+import dataclasses
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diffsoup.store import (
+    LEDGER_VERSION,
+    Ledger,
+    LedgerError,
+    LedgerLockedError,
+    backup_ledger,
+    fingerprint,
+    write_text_durably,
+)
+from diffsoup.store import _ledger
+from diffsoup.store._ledger import ledger_lock, new_record, remove_stale_temporaries
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class Start:
+    task_id: str
+    x0: tuple
+    tags: frozenset
+
+
+def _sample_items():
+    return [
+        {"task_id": "a", "p": {"k2": 2.5, "k1": [1, 2, 3]}, "set": {"x", "y", "zeta", "w"}},
+        Start("b", (1.0, 2.0), frozenset({"fast", "stiff", "gpu"})),
+        {"task_id": "c", "array": np.arange(6.0).reshape(2, 3), "scalar": np.int64(4)},
+    ]
+
+
+def test_fingerprint_is_the_same_in_another_process():
+    # Set iteration order depends on PYTHONHASHSEED, so other seeds would expose an unsorted set.
+    here = [fingerprint(item) for item in _sample_items()]
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import test_ledger as t; "
+        "from diffsoup.store import fingerprint; "
+        "print(' '.join(fingerprint(i) for i in t._sample_items()))"
+    )
+    for seed in ("1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split() == here
+
+
+def test_fingerprint_tells_items_apart_but_not_key_order():
+    a = {"task_id": "a", "x": 1.0, "y": [1, 2]}
+    assert fingerprint(a) == fingerprint({"y": [1, 2], "x": 1.0, "task_id": "a"})
+    assert fingerprint(a) != fingerprint({**a, "x": 1.0000001})
+    assert fingerprint(a) != fingerprint({**a, "x": 1})  # 1 and 1.0 are different parameters
+    assert fingerprint({"v": np.array([1.0, 2.0])}) != fingerprint({"v": np.array([1.0, 2.0], np.float32)})
+    assert len(fingerprint(a)) == 64
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=5), st.integers() | st.floats(allow_nan=False) | st.text()))
+@settings(max_examples=60, deadline=None)
+def test_fingerprint_ignores_insertion_order(mapping):
+    reordered = dict(reversed(list(mapping.items())))
+    assert fingerprint(mapping) == fingerprint(reordered)
+
+
+def test_fingerprint_refuses_a_repr_with_a_memory_address():
+    class Opaque:
+        __slots__ = ()
+
+    with pytest.raises(TypeError, match="memory address"):
+        fingerprint({"task_id": "a", "thing": Opaque()})
+
+
+def _ledger_with(path, n=3):
+    ledger = Ledger(path, function="tests.fn")
+    for i in range(n):
+        record = new_record(f"t{i}", fingerprint({"task_id": f"t{i}"}))
+        record.update(state="accepted", result={"value": i, "list": [i, "x"]}, attempts=1)
+        ledger.set(f"t{i}", record)
+    return ledger
+
+
+def test_ledger_round_trip_and_layout(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = _ledger_with(path)
+    ledger.save()
+    text = path.read_text()
+    data = json.loads(text)
+    assert data["format"] == "diffsoup-ledger" and data["version"] == LEDGER_VERSION
+    assert data["campaign"] == ledger.campaign and len(data["campaign"]) == 64
+    assert list(data["tasks"]) == ["t0", "t1", "t2"]
+    # One record per line, so a person can read and grep it.
+    assert [line.split(':')[0].strip() for line in text.splitlines() if '"task_id"' in line] == ['"t0"', '"t1"', '"t2"']
+    loaded = Ledger.load(path)
+    assert loaded.task_ids() == ["t0", "t1", "t2"]
+    assert all(loaded.get(t) == ledger.get(t) for t in loaded.task_ids())
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+@settings(max_examples=60, deadline=None)
+def test_any_json_result_reads_back_equal(tmp_path_factory, value):
+    path = tmp_path_factory.mktemp("l") / "ledger.json"
+    ledger = Ledger(path)
+    record = new_record("t", "f" * 64)
+    record.update(state="accepted", result=value, attempts=1)
+    ledger.set("t", record)
+    ledger.save()
+    assert Ledger.load(path).get("t")["result"] == value
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.json"
+    path.write_text("old content")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    write_text_durably(path, "new content")
+    assert path.read_text() == "new content"
+    assert len(synced) == 2  # the file, then its directory
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_durably(path, "newer content")
+    assert path.read_text() == "new content"
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.json"]  # no temporary left behind
+
+
+def _corrupt(path, kind):
+    good = json.loads(path.read_text())
+    if kind == "truncated":
+        path.write_text(path.read_text()[:-40])
+    elif kind == "empty":
+        path.write_text("")
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    elif kind == "other-json":
+        path.write_text(json.dumps({"results": [1, 2, 3]}))
+    elif kind == "newer-version":
+        good["version"] = LEDGER_VERSION + 1
+        path.write_text(json.dumps(good))
+    elif kind == "bad-state":
+        good["tasks"]["t1"]["state"] = "done"
+        path.write_text(json.dumps(good))
+    elif kind == "missing-field":
+        del good["tasks"]["t1"]["attempts"]
+        path.write_text(json.dumps(good))
+    elif kind == "edited-fingerprint":
+        good["tasks"]["t1"]["fingerprint"] = "0" * 64
+        path.write_text(json.dumps(good))
+    elif kind == "nan-result":
+        path.write_text(path.read_text().replace('"value": 1,', '"value": NaN,'))
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("truncated", "not valid JSON"),
+        ("empty", "not valid JSON"),
+        ("binary", "not valid JSON"),
+        ("other-json", "is not a diffsoup ledger"),
+        ("newer-version", "newer diffsoup"),
+        ("bad-state", "state 'done'"),
+        ("missing-field", "lacks attempts"),
+        ("edited-fingerprint", "campaign fingerprint does not match"),
+        ("nan-result", "Out of range float"),
+    ],
+)
+def test_a_damaged_ledger_is_refused_naming_the_file_and_left_untouched(tmp_path, kind, message):
+    path = tmp_path / "ledger.json"
+    _ledger_with(path).save()
+    _corrupt(path, kind)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError, match=message) as info:
+        Ledger.load(path)
+    assert str(path) in str(info.value)
+    assert "left untouched" in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_an_unreadable_ledger_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.mkdir()  # unreadable as a file even for root
+    with pytest.raises(LedgerError, match="cannot read the ledger .*ledger.json"):
+        Ledger.load(path)
+
+
+def test_backups_never_overwrite_each_other(tmp_path, monkeypatch):
+    fixed = datetime.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc)
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return fixed
+
+    monkeypatch.setattr(_ledger._dt, "datetime", Frozen)
+    path = tmp_path / "ledger.json"
+    names = []
+    for content in ("first", "second", "third"):
+        path.write_text(content)
+        names.append(backup_ledger(path).name)
+        assert not path.exists()
+    assert names == [
+        "ledger.json.20260102T030405.000006Z.bak",
+        "ledger.json.20260102T030405.000006Z-1.bak",
+        "ledger.json.20260102T030405.000006Z-2.bak",
+    ]
+    assert [(tmp_path / n).read_text() for n in names] == ["first", "second", "third"]
+
+
+def test_the_lock_admits_one_writer(tmp_path):
+    path = tmp_path / "ledger.json"
+    with ledger_lock(path):
+        # flock locks belong to an open file description, so a second open conflicts even here.
+        with pytest.raises(LedgerLockedError, match=f"ledger {path} is in use by another process \\(pid {os.getpid()}"):
+            with ledger_lock(path):
+                pass
+    with ledger_lock(path):  # released on exit
+        pass
+
+
+def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
+    path = tmp_path / "ledger.json"
+    stale = tmp_path / ".ledger.json.999.abcd.tmp"
+    stale.write_text("half a ledg")
+    other = tmp_path / ".other.json.1.ab.tmp"
+    other.write_text("not ours")
+    assert remove_stale_temporaries(path) == [stale]
+    assert other.exists() and not stale.exists()

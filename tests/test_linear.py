@@ -1,0 +1,189 @@
+"""The linear-solver suite every backend passes: solves, transposes, batches, precision modes,
+failures as values. CuDSS joins the list where it can run (GPU machine)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import diffsoup as ds
+from diffsoup.model import SparsityPattern
+
+SOLVERS = [ds.linear.Dense(), ds.linear.KLU()]
+if hasattr(ds.linear, "has_cudss") and ds.linear.has_cudss():
+    SOLVERS.append(ds.linear.CuDSS())
+IDS = [s.name for s in SOLVERS]
+
+
+def _tridiagonal(n, shift):
+    """The 1-D Laplacian stencil (2, -1) minus ``shift`` on the diagonal, plus a few far entries."""
+    main = np.full(n, 2.0 - shift)
+    m = sp.diags([main, -np.ones(n - 1), -np.ones(n - 1)], [0, -1, 1], format="lil")
+    m[0, n - 1] = 0.01  # some asymmetry, so transpose solves differ from solves
+    m[n - 1, 3] = -0.02
+    return sp.csr_matrix(m)
+
+
+def _prepared(solver, matrix):
+    pattern = SparsityPattern.from_matrix(matrix != 0)
+    values = np.asarray(matrix[pattern.rows, pattern.indices]).reshape(-1)
+    return solver.prepare(pattern, ds.Precision()), jnp.asarray(values), matrix.toarray()
+
+
+def _solve(prep, values, b, mode, transpose=False):
+    def run(values, b):
+        ws = prep.begin(values, (mode,))
+        fac = prep.factor(ws, values, (mode,))
+        x, fac, info = prep.solve(fac, b, mode, transpose=transpose)
+        token = prep.end(ws, x)
+        return x, info, token
+
+    return jax.jit(run)(values, b)
+
+
+WELL = _tridiagonal(64, -1.0)  # diagonally dominant: cond ~ 5
+# Smallest eigenvalue of the shifted Laplacian ~1e-9: cond ~ 4e9 > 1/eps32, refinement of float32
+# factors cannot converge (the float32-rounded matrix is not even close).
+LAMBDA_MIN = 2.0 - 2.0 * np.cos(np.pi / 65)
+ILL = sp.csr_matrix(sp.diags([np.full(64, 2.0 - LAMBDA_MIN + 1e-9), -np.ones(63), -np.ones(63)], [0, -1, 1]))
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_fp64_solve_and_transpose(solver, transpose):
+    prep, values, dense = _prepared(solver, WELL)
+    b = jnp.asarray(np.random.default_rng(0).standard_normal(64))
+    x, info, _ = _solve(prep, values, b, "fp64", transpose)
+    ref = np.linalg.solve(dense.T if transpose else dense, np.asarray(b))
+    np.testing.assert_allclose(np.asarray(x), ref, rtol=1e-12, atol=1e-12)
+    assert bool(info.ok) and int(info.ir_steps) == 0 and int(info.fallbacks) == 0
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_multiple_right_hand_sides(solver):
+    prep, values, dense = _prepared(solver, WELL)
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((64, 5)))
+    x, info, _ = _solve(prep, values, b, "fp64")
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(dense, np.asarray(b)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_vmap_over_matrices_and_over_rhs_match_a_loop(solver):
+    prep, values, dense = _prepared(solver, WELL)
+    rng = np.random.default_rng(2)
+    scales = jnp.asarray(rng.uniform(0.5, 2.0, 6))
+    bs = jnp.asarray(rng.standard_normal((6, 64)))
+    batched_values = values[None, :] * scales[:, None]
+
+    def one(v, b):
+        return _solve(prep, v, b, "fp64")[0]
+
+    both = jax.vmap(one)(batched_values, bs)
+    rhs_only = jax.vmap(one, in_axes=(None, 0))(values, bs)
+    for i in range(6):
+        np.testing.assert_allclose(np.asarray(both[i]), np.asarray(one(batched_values[i], bs[i])), rtol=1e-13)
+        np.testing.assert_allclose(np.asarray(rhs_only[i]), np.linalg.solve(dense, np.asarray(bs[i])), rtol=1e-12)
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_fp32_factors_are_float32_accurate(solver):
+    prep, values, dense = _prepared(solver, WELL)
+    b = jnp.asarray(np.random.default_rng(3).standard_normal(64))
+    x, info, _ = _solve(prep, values, b, "fp32")
+    ref = np.linalg.solve(dense, np.asarray(b))
+    err = np.max(np.abs(np.asarray(x) - ref)) / np.max(np.abs(ref))
+    assert 1e-10 < err < 1e-5  # float32 accuracy: neither float64 nor garbage
+    assert x.dtype == jnp.float64  # the solution comes back in the compute dtype
+    if isinstance(solver, ds.linear.Dense):
+        ws = prep.begin(values, ("fp32",))
+        fac = prep.factor(ws, values, ("fp32",))
+        assert fac["low"][0].dtype == jnp.float32  # a real float32 LU
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+@pytest.mark.parametrize("mode", ["fp32_ir", "adaptive"])
+def test_refinement_reaches_float64_on_a_well_conditioned_matrix(solver, mode):
+    prep, values, dense = _prepared(solver, WELL)
+    b = jnp.asarray(np.random.default_rng(4).standard_normal(64))
+    x, info, _ = _solve(prep, values, b, mode)
+    ref = np.linalg.solve(dense, np.asarray(b))
+    np.testing.assert_allclose(np.asarray(x), ref, rtol=1e-12, atol=1e-13)
+    assert bool(info.ok)
+    assert 1 <= int(info.ir_steps) <= solver.ir_max_steps
+    assert int(info.fallbacks) == 0
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_adaptive_falls_back_to_float64_on_an_ill_conditioned_matrix(solver):
+    prep, values, dense = _prepared(solver, ILL)
+    b = jnp.asarray(np.random.default_rng(5).standard_normal(64))
+    ref = np.linalg.solve(dense, np.asarray(b))
+    x, info, _ = _solve(prep, values, b, "adaptive")
+    assert int(info.fallbacks) == 1 and bool(info.ok)
+    np.testing.assert_allclose(np.asarray(x), ref, rtol=1e-5)  # cond ~4e9: float64 gives ~6 digits
+    x_ir, info_ir, _ = _solve(prep, values, b, "fp32_ir")
+    assert not bool(info_ir.ok)  # refinement stalled: reported, not hidden
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_adaptive_uses_float64_factors_for_later_solves_of_the_step(solver):
+    prep, values, _ = _prepared(solver, ILL)
+    b = jnp.ones(64)
+
+    @jax.jit
+    def two_solves(values):
+        ws = prep.begin(values, ("adaptive",))
+        fac = prep.factor(ws, values, ("adaptive",))
+        x1, fac, i1 = prep.solve(fac, b, "adaptive")
+        x2, fac, i2 = prep.solve(fac, b, "adaptive")
+        return x1, x2, i1, i2, prep.end(ws, (x1, x2))
+
+    x1, x2, i1, i2, _ = two_solves(values)
+    assert int(i1.fallbacks) == 1 and int(i2.fallbacks) == 0 and int(i2.ir_steps) == 0
+    np.testing.assert_allclose(np.asarray(x1), np.asarray(x2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_non_finite_matrix_is_a_failed_solve_not_a_crash(solver):
+    prep, values, _ = _prepared(solver, WELL)
+    bad = values.at[5].set(jnp.nan)
+    x, info, _ = _solve(prep, bad, jnp.ones(64), "fp64")
+    assert not bool(info.ok)
+
+
+def test_dense_singular_matrix_is_a_failed_solve():
+    prep, values, _ = _prepared(ds.linear.Dense(), WELL)
+    x, info, _ = _solve(prep, jnp.zeros_like(values), jnp.ones(64), "fp64")
+    assert not bool(info.ok)
+
+
+def test_klu_handles_are_released():
+    import resource
+
+    prep, values, _ = _prepared(ds.linear.KLU(), _tridiagonal(2000, -1.0))
+
+    @jax.jit
+    def many(values):
+        def body(i, acc):
+            ws = prep.begin(values, ("fp64",))
+            fac = prep.factor(ws, values * (1.0 + i * 1e-12), ("fp64",))
+            x, _, _ = prep.solve(fac, jnp.ones(2000), "fp64")
+            return acc + x[0] + 0.0 * prep.end(ws, x)
+
+        return jax.lax.fori_loop(0, 500, body, 0.0)
+
+    many(values).block_until_ready()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(4):
+        many(values).block_until_ready()
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    # 2000 factorizations of a 2000x2000 tridiagonal matrix: leaking them would take > 100 MB.
+    assert grown_mb < 20, f"resident memory grew by {grown_mb:.1f} MB"
+
+
+def test_solver_configuration_validation():
+    with pytest.raises(ValueError, match="ir_tol"):
+        ds.linear.KLU(ir_tol=0.0)
+    with pytest.raises(ValueError, match="ir_max_steps"):
+        ds.linear.Dense(ir_max_steps=0)
