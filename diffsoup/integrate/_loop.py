@@ -134,7 +134,8 @@ def attempt(problem, prepared, cfg: LoopConfig, p, t_eval, discs, c):
         t_disc = jnp.asarray(jnp.inf, dtype)
     t_target = jnp.minimum(t_out, t_disc)
     remaining = t_target - t
-    lands = h >= remaining
+    # Land when within round-off of the target (no sliver of a step left behind).
+    lands = h >= remaining - 64 * jnp.finfo(dtype).eps * jnp.abs(t_target)
     h_try = jnp.where(lands, remaining, h)
     t_new = jnp.where(lands, t_target, t + h_try)
     lands_disc = lands & (t_disc <= t_out)
@@ -161,7 +162,7 @@ def attempt(problem, prepared, cfg: LoopConfig, p, t_eval, discs, c):
         ctl = cfg.controller
         err_safe = jnp.maximum(err, 1e-10)
         grow = ctl.safety * err_safe ** (-ctl.beta1) * c["err_prev"] ** ctl.beta2
-        fmax = jnp.where(c["rejected_last"], 1.0, ctl.factor_max)
+        fmax = jnp.where(c["rejected_last"], jnp.ones((), dtype), jnp.asarray(ctl.factor_max, dtype))
         h_acc = h_try * jnp.clip(grow, ctl.factor_min, fmax)
         h_acc = jnp.where(lands, jnp.maximum(h_acc, h), h_acc)  # landing shortened the step: don't shrink for it
         shrink = jnp.where(healthy, jnp.clip(ctl.safety * err_safe ** (-1.0 / tab.ERROR_ORDER), ctl.factor_min, 0.9), 0.25)

@@ -134,13 +134,13 @@ def rodas_stages(problem, prepared, modes, t, y, h, p, jac_values, dT, f0, fac, 
                     u = u + A[i, j] * ks[j]
             else:
                 u = u + ks[i - 1]
-            tau = jnp.minimum(t + tab.C_TIME[i] * h, t_cap)
+            tau = jnp.minimum(t + float(tab.C_TIME[i]) * h, t_cap)
             fi = problem.rhs(tau, u, p)
         rhs = fi
         for j in range(i):
             rhs = rhs + (C[i, j] * inv_h) * ks[j]
         if tab.D_TIME[i] != 0.0:
-            rhs = rhs + (tab.D_TIME[i] * h) * dT
+            rhs = rhs + (float(tab.D_TIME[i]) * h) * dT
         k, fac, step_info = linear_solve(prepared, fac, rhs, modes, reverse=reverse)
         info = add_info(info, step_info)
         ks.append(k)

@@ -5,6 +5,8 @@ from ._base import PreparedSolver as PreparedSolver
 from ._base import SolveInfo as SolveInfo
 from ._dense import Dense as Dense
 from ._klu import KLU as KLU
+from ._cudss import CuDSS as CuDSS
+from ._cudss import has_cudss as has_cudss
 
 
 def default_solver(n_states: int, platform: str | None = None) -> LinearSolver:
