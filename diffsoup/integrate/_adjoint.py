@@ -33,6 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ..linear._base import depends_on
 from ._loop import init_carry, run_loop
 from ._status import RUNNING, Status
 from ._step import SolveModes, full_step
@@ -211,8 +212,10 @@ def _solve_bwd(static, residuals, cotangents):
         def one_step(y, pp):
             return full_step(problem, prepared, step_modes, workspace, t, y, h, pp, cap)
 
-        _, vjp = jax.vjp(one_step, rec["y"].astype(adjoint_dtype), p.astype(adjoint_dtype))
-        ybar, pb = vjp(lam)
+        y_new, vjp = jax.vjp(one_step, rec["y"].astype(adjoint_dtype), p.astype(adjoint_dtype))
+        # The transposed solves read the factors' workspace too: start them after the recomputed
+        # step's own solves (the last stage's transpose needs only the incoming cotangent).
+        ybar, pb = vjp(depends_on(lam, y_new))
         return ybar, pbar + pb
 
     def replay(rec, until, recorder):

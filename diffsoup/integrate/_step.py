@@ -41,7 +41,9 @@ class SolveModes:
         return tuple(dict.fromkeys((self.primal, self.tangent, self.reverse)))
 
 
-_CHANGING = ("fp64", "upgraded", "fp64_ready")  # what an "adaptive" fallback changes in a factorization
+# What a solve changes in a factorization: its slots (chained after the solve, so the next solve on
+# a handle waits for it) and what an "adaptive" fallback sets.
+_CHANGING = ("low", "fp64", "upgraded", "fp64_ready")
 
 
 def _zero_tangent(x):
@@ -92,7 +94,9 @@ def linear_solve(prepared, fac, b, modes: SolveModes, *, reverse: bool = False):
         fac_, values_, rhs = primals
         _, dvalues, drhs = tangents
         x, changed, info = solve_stage(fac_, values_, rhs)
-        dx, _, _ = prepared.solve(dict(fac_, **changed), drhs - matvec(dvalues, x), modes.tangent)
+        dx, after_tangent, _ = prepared.solve(dict(fac_, **changed), drhs - matvec(dvalues, x), modes.tangent)
+        # The next solve on these factors waits for the tangent solve too.
+        changed = {k: after_tangent[k] for k in changed}
         zeros = jax.tree_util.tree_map(_zero_tangent, (changed, info))
         return (x, changed, info), (dx,) + zeros
 

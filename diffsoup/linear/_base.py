@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from .._precision import SOLVE_MODES
 
@@ -155,13 +157,13 @@ class PreparedSolver:
         tol = self.solver.ir_tol if ir_tol is None else ir_tol
         if mode == "fp64":
             x = self._raw_solve(fac["fp64"], b, transpose, "fp64")
-            return x, fac, SolveInfo.success(ok=jnp.all(jnp.isfinite(x)))
+            return x, self.chain(fac, x), SolveInfo.success(ok=jnp.all(jnp.isfinite(x)))
         if mode == "fp32":
             x = self._raw_solve(fac["low"], b, transpose, "low")
-            return x, fac, SolveInfo.success(ok=jnp.all(jnp.isfinite(x)))
+            return x, self.chain(fac, x), SolveInfo.success(ok=jnp.all(jnp.isfinite(x)))
         if mode == "fp32_ir":
             x, steps, converged = self._refine(fac, b, transpose, tol)
-            return x, fac, SolveInfo.success(steps, 0, converged)
+            return x, self.chain(fac, x), SolveInfo.success(steps, 0, converged)
         # adaptive: once a factorization has fallen back, its float64 factors serve every solve.
         x, steps, converged = jax.lax.cond(
             fac["upgraded"],
@@ -178,7 +180,19 @@ class PreparedSolver:
         fell_back = need64 & ~fac["upgraded"]
         new_fac = dict(fac, fp64=fac64, upgraded=need64, fp64_ready=fac["fp64_ready"] | need64)
         info = SolveInfo.success(steps, fell_back.astype(jnp.int32), jnp.all(jnp.isfinite(x_out)))
-        return x_out, new_fac, info
+        return x_out, self.chain(new_fac, x_out), info
+
+    # Slots of a factorization that a solve reads (and, for backends with solve workspaces, uses).
+    SLOTS = ("low", "fp64")
+
+    def chain(self, fac, after):
+        """``fac`` with its slots made data-dependent on ``after`` (see :meth:`_chain_slot`)."""
+        return {k: (self._chain_slot(v, after) if k in self.SLOTS else v) for k, v in fac.items()}
+
+    def _chain_slot(self, slot_fac, after):
+        """Backends whose solves share a workspace (KLU keeps one in its numeric object) make the
+        next solve wait for ``after``; XLA otherwise runs independent solves concurrently."""
+        return slot_fac
 
     # -- refinement -----------------------------------------------------------------------------
     def _refine(self, fac, b, transpose, tol):
@@ -210,6 +224,64 @@ class PreparedSolver:
         x, dx_norm, _, k, stalled = jax.lax.while_loop(cond, body, init)
         converged = (dx_norm <= tol * _inf_norm(x)) & jnp.all(jnp.isfinite(x))
         return x, k, converged
+
+
+# ------------------------------------------------------------------------------------------------
+# Ordering by data dependency
+# ------------------------------------------------------------------------------------------------
+# XLA's CPU runtime runs operations in any order their data dependencies allow (and removes
+# optimization barriers before that), so the order of side effects (KLU's in-place refactor, its
+# solve workspace, releases) must be carried by data. `depends_on(x, after)` returns `x` unchanged
+# but computed from `after`: x + 0 where the 0 is `popcount(bits) > 64` of a reduction of `after`,
+# always false for a 64-bit word and not something the simplifier folds. Under vmap, an unbatched
+# `x` stays unbatched (the dependency on a batched `after` is reduced over the batch), so one
+# factorization serving many tangents is not turned into one handle per tangent.
+
+_depends_on_p = Primitive("diffsoup_depends_on")
+_depends_on_p.def_abstract_eval(lambda x, after: jax.core.ShapedArray(x.shape, x.dtype))
+
+
+def _depends_on_impl(x, after):
+    bits = jax.lax.bitcast_convert_type(after, jnp.uint64)
+    zero = jax.lax.population_count(bits) > 64
+    return x + zero.astype(x.dtype)
+
+
+_depends_on_p.def_impl(lambda x, after: jax.jit(_depends_on_impl)(x, after))
+mlir.register_lowering(
+    _depends_on_p, mlir.lower_fun(_depends_on_impl, multiple_results=False)
+)
+
+
+def _depends_on_batch(args, dims):
+    x, after = args
+    xd, ad = dims
+    if ad is not None:
+        after = jnp.sum(after, axis=ad)
+    return _depends_on_p.bind(x, after), xd
+
+
+def _depends_on_jvp(primals, tangents):
+    x, after = primals
+    dx, _ = tangents
+    return _depends_on_p.bind(x, after), dx
+
+
+batching.primitive_batchers[_depends_on_p] = _depends_on_batch
+ad.primitive_jvps[_depends_on_p] = _depends_on_jvp
+
+
+def _reduce_to_scalar(after):
+    leaves = [jnp.sum(jnp.asarray(a).astype(jnp.float64)) for a in jax.tree_util.tree_leaves(after)]
+    total = jnp.zeros((), jnp.float64)
+    for leaf in leaves:
+        total = total + leaf
+    return jax.lax.stop_gradient(total)
+
+
+def depends_on(x, after):
+    """``x`` unchanged, but not computed before ``after`` (any pytree) is."""
+    return _depends_on_p.bind(x, _reduce_to_scalar(after))
 
 
 def _check_mode(mode):

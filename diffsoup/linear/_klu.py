@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _klu_ffi as ffi
-from ._base import LinearSolver, PreparedSolver, round_to_float32
+from ._base import LinearSolver, PreparedSolver, depends_on, round_to_float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,13 @@ class PreparedKLU(PreparedSolver):
         finite = jnp.all(jnp.isfinite(v))
         v = jnp.where(finite, v, self._identity_like(v))
         return {"num": ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace[slot]), "finite": finite}
+
+    def _chain_slot(self, slot_fac, after):
+        # klu_solve uses a workspace inside the numeric object: two solves on one handle must
+        # not run at once, so the next solve takes a handle that waits for this one's result.
+        if not isinstance(slot_fac, dict) or "num" not in slot_fac:
+            return slot_fac
+        return dict(slot_fac, num=depends_on(slot_fac["num"], after))
 
     def _raw_solve(self, fac, b, transpose, slot):
         x = ffi.solve(self.sym, fac["num"], b, transpose)

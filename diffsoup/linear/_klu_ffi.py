@@ -9,7 +9,7 @@ own, because its Python layer has traps for an integrator that factors once per 
 * its ``factor`` inside jit returns handles nobody frees (a leak per step): we allocate numeric
   handles once per solve (``begin``), refactor them in place each step, and free them with its
   ``free_numeric`` handler at the end, ordered after their last use by a data dependency
-  (see ``_free_after``); all three calls are marked side-effecting, so XLA neither drops nor merges them;
+  (``_base.depends_on``); all three calls are marked side-effecting, so XLA neither drops nor merges them;
 * in-place refactorization has no data dependency XLA can see: the handle returned by the
   refactor is what the solves take, and each integrator step is a loop iteration, so a
   refactorization always follows the solves that used the previous factors;
@@ -96,14 +96,14 @@ def symbolic_handle(pattern) -> int:
 klu_factor_p = Primitive("diffsoup_klu_factor")  # (Ai, Aj, Ax[L,nnz], sym) -> handles[L]
 klu_refactor_p = Primitive("diffsoup_klu_refactor")  # (Ai, Aj, Ax[L,nnz], sym, num[L]) -> num[L]
 klu_solve_p = Primitive("diffsoup_klu_solve")  # (sym, num[L], b[L,n,k]; transpose) -> x[L,n,k]
-klu_free_p = Primitive("diffsoup_klu_free")  # (num[L], after: f64[]) -> int32[]
+klu_free_p = Primitive("diffsoup_klu_free")  # (num[L]) -> int32[]
 
 _U64 = np.dtype(np.uint64)
 
 klu_factor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym: jax.core.ShapedArray(Ax.shape[:1], _U64))
 klu_refactor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym, num: jax.core.ShapedArray(num.shape, _U64))
 klu_solve_p.def_abstract_eval(lambda sym, num, b, *, transpose: jax.core.ShapedArray(b.shape, b.dtype))
-klu_free_p.def_abstract_eval(lambda num, after: jax.core.ShapedArray((), np.dtype(np.int32)))
+klu_free_p.def_abstract_eval(lambda num: jax.core.ShapedArray((), np.dtype(np.int32)))
 
 def _impl_by_jit(prim):
     # Eager use (outside jit) compiles the single primitive, like any jax.numpy call.
@@ -119,18 +119,12 @@ mlir.register_lowering(
 )
 
 
-def _free_after(num, after):
-    # XLA's CPU runtime runs thunks in any order their *data* dependencies allow, and removes
-    # optimization barriers before that, so a barrier does not order a side effect. The handle
-    # gets "+ 0" where the 0 is popcount(bits(after)) > 64: always false for a 64-bit word, but
-    # nothing the simplifier folds, so the release waits for `after`.
-    bits = jax.lax.bitcast_convert_type(after, jnp.uint64)
-    zero = (jax.lax.population_count(bits) > 64).astype(jnp.uint64)
+def _free_lowered(num):
     call = jax.ffi.ffi_call("diffsoup_klu_free_numeric", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)
-    return call(num + zero)
+    return call(num)
 
 
-mlir.register_lowering(klu_free_p, mlir.lower_fun(_free_after, multiple_results=False), platform="cpu")
+mlir.register_lowering(klu_free_p, mlir.lower_fun(_free_lowered, multiple_results=False), platform="cpu")
 
 
 def _solve_lowering(ctx, sym, num, b, *, transpose):
@@ -189,12 +183,8 @@ def _solve_batch(args, dims, *, transpose):
 
 
 def _free_batch(args, dims):
-    num, after = args
-    if dims[1] is not _NOT_MAPPED:
-        after = jnp.sum(after)  # one release after all lanes' work, never one per lane
-    if dims[0] is not _NOT_MAPPED:
-        num = _merge(num, dims[0], num.shape[dims[0]])
-    return klu_free_p.bind(num, after), _NOT_MAPPED
+    (num,) = args
+    return klu_free_p.bind(_merge(num, dims[0], num.shape[dims[0]])), _NOT_MAPPED
 
 
 batching.primitive_batchers[klu_factor_p] = _factor_batch
@@ -225,12 +215,8 @@ def solve(sym, num, b, transpose):
 
 
 def free(num, after):
-    """Release numeric handles once ``after`` (any pytree) is computed."""
-    leaves = [jnp.sum(jnp.asarray(x).astype(jnp.float64)) for x in jax.tree_util.tree_leaves(after)]
-    total = functools.reduce(jnp.add, leaves, jnp.zeros((), jnp.float64))
-    return klu_free_p.bind(num, total)
+    """Release numeric handles once ``after`` (any pytree) is computed (one release per handle,
+    also under vmap: an unbatched handle stays unbatched)."""
+    from ._base import depends_on
 
-
-@functools.cache
-def sym_array(raw: int):
-    return np.uint64(raw)
+    return klu_free_p.bind(depends_on(num, after))
