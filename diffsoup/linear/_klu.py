@@ -34,6 +34,13 @@ class KLU(LinearSolver):
 
 class PreparedKLU(PreparedSolver):
     def __init__(self, solver, pattern, precision):
+        import jax
+
+        if not jax.config.values["jax_enable_x64"]:
+            raise RuntimeError(
+                "ds.linear.KLU factors in float64 and keeps 64-bit handles, which need JAX's x64 mode: set "
+                'JAX_ENABLE_X64=1 or call jax.config.update("jax_enable_x64", True) first, or use ds.linear.Dense().'
+            )
         super().__init__(solver, pattern, precision)
         ffi.load_klujax()
         self.sym = np.uint64(ffi.symbolic_handle(pattern))
