@@ -103,3 +103,10 @@ def test_pattern_fingerprint_is_content_based():
     c = SparsityPattern.from_matrix(sp.eye(5))
     assert a.fingerprint == b.fingerprint != c.fingerprint
     np.testing.assert_array_equal(a.transpose_permutation.shape, (a.nnz,))
+
+
+def test_problem_fingerprint_tells_networks_apart_and_is_stable():
+    a = mass_action_network(8, 10, seed=1).to_spec().build(linear_solver=ds.linear.Dense())
+    a2 = mass_action_network(8, 10, seed=1).to_spec().build(linear_solver=ds.linear.Dense())
+    b = mass_action_network(8, 10, seed=2).to_spec().build(linear_solver=ds.linear.Dense())
+    assert a.fingerprint == a2.fingerprint != b.fingerprint

@@ -43,6 +43,16 @@ def _side(text: str, equation: str) -> tuple[tuple[str, float], ...]:
     return tuple(terms)
 
 
+def _has_source(fn) -> bool:
+    import inspect
+
+    try:
+        inspect.getsource(fn)
+        return True
+    except (OSError, TypeError):
+        return False
+
+
 def parse_reaction(equation: str) -> tuple[tuple, tuple, bool]:
     """``(reactants, products, reversible)`` of ``"2 A + B -> C"`` or ``"A <-> B"``."""
     if "<->" in equation:
@@ -145,8 +155,17 @@ class ReactionNetwork:
         """The network as a :class:`ProblemSpec` (states = species, parameters = rate constants)."""
         return ProblemSpec(
             self.rhs, states=self.species, parameters=self.parameters, y0=y0, jac_sparsity=jac_sparsity,
-            name=self.name,
+            name=self.name, identity=self._identity(),
         )  # fmt: skip
+
+    def _identity(self) -> str:
+        import inspect
+
+        parts = []
+        for rxn in self.reactions:
+            rate = rxn.rate if isinstance(rxn.rate, str) else inspect.getsource(rxn.rate) if _has_source(rxn.rate) else rxn.rate.__qualname__
+            parts.append(f"{rxn.reactants}->{rxn.products}@{rate}")
+        return ";".join(parts)
 
     def __repr__(self) -> str:
         return f"ReactionNetwork({self.name!r}, species={len(self.species)}, reactions={len(self.reactions)})"

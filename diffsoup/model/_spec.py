@@ -29,6 +29,8 @@ class ProblemSpec:
             override the one found from ``rhs``.
         y0: default initial state (optional).
         name: a name for messages.
+        identity: text that identifies ``rhs`` beyond its source code, for content hashes (a
+            reaction network passes its reactions: every network shares one ``rhs`` method).
 
     Raises:
         ValueError, TypeError: for a non-callable ``rhs``, no states, duplicate names, non-finite
@@ -44,11 +46,13 @@ class ProblemSpec:
         jac_sparsity: Any = None,
         y0: Any = None,
         name: str | None = None,
+        identity: str = "",
     ):
         if not callable(rhs):
             raise TypeError(f"ProblemSpec: rhs must be a function rhs(t, y, p); got {type(rhs).__name__}.")
         self.rhs = rhs
         self.name = name or getattr(rhs, "__name__", "problem")
+        self.identity = str(identity)
         if isinstance(states, (int, np.integer)) and not isinstance(states, bool):
             if states < 1:
                 raise ValueError(f"ProblemSpec {self.name!r}: states={states} must be at least 1.")
@@ -275,8 +279,9 @@ class Problem:
             src = inspect.getsource(self.spec.rhs)
         except (OSError, TypeError):
             src = getattr(self.spec.rhs, "__qualname__", repr(self.spec.rhs))
-        for part in (src, self.state_names, self.parameter_names, self.pattern.fingerprint, repr(self.precision),
-                     repr(self.linear_solver)):  # fmt: skip
+        for part in (src, self.spec.identity, self.state_names, self.parameter_names, self.pattern.fingerprint,
+                     repr(self.precision),
+                     repr(self.linear_solver), repr(self.spec.parameter_defaults)):  # fmt: skip
             h.update(repr(part).encode())
         return h.hexdigest()[:32]
 
