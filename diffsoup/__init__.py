@@ -22,6 +22,9 @@ from .integrate import ConstantStep as ConstantStep
 from .integrate import ForwardMode as ForwardMode
 from .integrate import CheckpointAdjoint as CheckpointAdjoint
 from . import linear as linear
+from .inference._experiment import Experiment as Experiment
+from .inference._study import Study as Study
+from .inference._lower import lower as lower
 
 __version__ = "0.1.0"
 

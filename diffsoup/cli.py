@@ -1,6 +1,7 @@
 """The ``diffsoup`` command.
 
-    diffsoup demo            solve and differentiate reference stiff problems, print a table
+    diffsoup demo            solve and differentiate reference stiff problems, then fit a
+                             reaction network to synthetic experiments
 
 Run ``diffsoup <command> --help`` for a command's options.
 """
@@ -28,9 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
-        help="solve ROBER and the 2-D Brusselator, check them against reference values, differentiate",
+        help="solve ROBER and the 2-D Brusselator, differentiate, then fit a network to 60 experiments",
         description="Solve ROBER (Test Set for IVP Solvers) and the 2-D Brusselator on the CPU, print time, "
-        "steps, factorizations and correct digits, then the gradient of u(0,0) by adjoint and forward mode.",
+        "steps, factorizations and correct digits, then the gradient of u(0,0) by adjoint and forward mode, "
+        "then fit the rate constants of a reaction network to 60 synthetic experiments (true vs recovered).",
     )
     demo.add_argument("--grid", type=int, default=32, help="Brusselator grid size N (2 N^2 states; default 32)")
     demo.set_defaults(func=_demo)

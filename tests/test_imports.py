@@ -83,6 +83,7 @@ def test_float64_policy_without_x64_says_how_to_turn_it_on():
 def test_demo_runs_end_to_end():
     out = _run("from diffsoup.cli import main; raise SystemExit(main(['demo', '--grid', '8']))")
     assert "ROBER to t=1e11" in out and "Brusselator 2-D N=8" in out and "relative difference" in out
+    assert "recovered" in out.lower()
 
 
 def test_cli_help_and_bad_arguments():

@@ -5,6 +5,21 @@ code and keep their documented home here by re-export. They load on first access
 this package imports neither Dask nor the execution layer.
 """
 
+from ._balance import balance_owners as balance_owners
+from ._experiment import Experiment as Experiment
+from ._experiment import Gaussian as Gaussian
+from ._experiment import LogNormal as LogNormal
+from ._fit import FitResult as FitResult
+from ._fit import StartResult as StartResult
+from ._fit import fit as fit
+from ._lower import LoweredStudy as LoweredStudy
+from ._lower import default_block_limit as default_block_limit
+from ._lower import lower as lower
+from ._problem import InferenceProblem as InferenceProblem
+from ._problem import SolverOptions as SolverOptions
+from ._study import Parameter as Parameter
+from ._study import Study as Study
+
 # name -> module that defines it, loaded on first attribute access.
 _LAZY = {
     "checkpointed_map": "diffsoup.distributed",

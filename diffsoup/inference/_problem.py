@@ -1,0 +1,311 @@
+"""``ds.inference.InferenceProblem``: a study, the parameters to estimate, the objective and solver options.
+
+It turns the study into arrays (one row per experiment, grouped by the shapes that can be
+vmapped together) and defines the per-experiment terms the lowered objective sums:
+
+- Gaussian noise: ``r = (h - d) / sigma``; log-normal: ``r = (log h - log d) / sigma``.
+- ``objective="nll"``: ``value = sum(0.5 r^2 + log sigma) + N/2 log(2 pi) (+ sum log d, log-normal)``.
+- ``objective="chi2"``: ``value = sum(r^2)`` (known sigma only).
+
+Residuals for Gauss-Newton are the ``r`` above, plus, for an estimated sigma under ``"nll"``, one
+more residual per measured value, ``sqrt(2 log sigma + K)``, so that ``value = scale * ||r||^2 +
+offset`` exactly (``scale`` 0.5 for ``"nll"``, 1 for ``"chi2"``; ``K`` makes the root real over
+the sigma parameter's bounds: ``K = 1 - 2 log(lower)`` at least, see ``sigma_shift``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._experiment import LogNormal
+from ._study import Study, entries_by_name
+
+OBJECTIVES = ("nll", "chi2")
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverOptions:
+    """Options of every solve of the objective.
+
+    Args:
+        rtol, atol: tolerances of ``ds.simulate``.
+        max_steps: step attempts per experiment; more is recorded as a failed solve.
+        checkpoints: records per level of the checkpointed adjoint (gradients, exact Hessians).
+    """
+
+    rtol: float = 1e-6
+    atol: float = 1e-9
+    max_steps: int = 10_000
+    checkpoints: int = 64
+
+    def __post_init__(self):
+        for f in ("rtol", "atol"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"SolverOptions.{f}={v!r} must be a positive number.")
+        for f in ("max_steps", "checkpoints"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SolverOptions.{f}={v!r} must be a positive integer.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Experiments that share observables, noise model and observable count (vmapped together)."""
+
+    observables: Any
+    lognormal: bool
+    estimated_sigma: bool
+    k: int
+    n_times: int
+    members: tuple  # indices into study.experiments
+
+    @property
+    def n_residuals(self) -> int:
+        """Residuals per experiment."""
+        return self.n_times * self.k * (2 if self.estimated_sigma else 1)
+
+
+class InferenceProblem:
+    """A study with the parameters to estimate, the objective and the solver options.
+
+    Args:
+        study: a :class:`Study`.
+        parameters: names of the study parameters to estimate (a parameter's name covers all its
+            level entries, ``name[member]`` one entry); None estimates every parameter the table
+            marks ``estimate=True``. The others stay at their values.
+        objective: ``"nll"`` (negative log-likelihood) or ``"chi2"`` (sum of squared weighted
+            residuals; needs known sigmas).
+        values: linear-scale values overriding the table's nominal values (by parameter or entry
+            name), for the fixed parameters and as the nominal point.
+        solver: :class:`SolverOptions`.
+
+    Attributes:
+        theta_names: the estimated entries, in the order of the optimizer vector ``theta``
+            (each on its parameter's scale).
+        lower, upper, nominal: bounds and nominal point of ``theta`` (scaled).
+        scale: ``value = scale * ||residuals||^2 + offset``.
+
+    Raises:
+        ValueError: for an unknown objective or parameter name, nothing to estimate, or
+            ``"chi2"`` with an estimated sigma.
+    """
+
+    def __init__(
+        self,
+        study: Study,
+        parameters: Sequence[str] | None = None,
+        *,
+        objective: str = "nll",
+        values: Mapping[str, float] | None = None,
+        solver: SolverOptions = SolverOptions(),
+    ):
+        if not isinstance(study, Study):
+            raise TypeError(f"InferenceProblem: study must be a ds.Study, not {type(study).__name__}.")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"InferenceProblem: objective={objective!r} must be one of {OBJECTIVES}.")
+        if not isinstance(solver, SolverOptions):
+            raise TypeError("InferenceProblem: solver must be a ds.inference.SolverOptions.")
+        self.study = study
+        self.objective = objective
+        self.solver = solver
+        self.scale = 0.5 if objective == "nll" else 1.0
+        self.values = entries_by_name(study, values)
+        if parameters is None:
+            est = [i for i, e in enumerate(study.entries) if e.parameter.estimate]
+        else:
+            if isinstance(parameters, str):
+                raise TypeError("InferenceProblem: parameters= is a sequence of names, not one string.")
+            est = []
+            for name in parameters:
+                if name in study.entry_index:
+                    est.append(study.entry_index[name])
+                elif name in study.table:
+                    est.extend(i for i, e in enumerate(study.entries) if e.parameter.name == name)
+                else:
+                    raise ValueError(
+                        f"InferenceProblem: parameters names unknown study parameter {name!r}; the table has "
+                        f"{list(study.table)}."
+                    )
+            est = sorted(set(est))
+            for i in est:
+                p = study.entries[i].parameter
+                if not (math.isfinite(p.lower) and math.isfinite(p.upper)):
+                    raise ValueError(f"InferenceProblem: estimated parameter {p.name!r} needs finite bounds.")
+        if not est:
+            raise ValueError("InferenceProblem: no parameter to estimate; mark some estimate=True or pass parameters=.")
+        self.estimated = np.asarray(est, dtype=np.int64)
+        ents = [study.entries[i] for i in est]
+        self.theta_names = tuple(e.name for e in ents)
+        self.lower = np.array([float(e.parameter.to_scale(e.parameter.lower)) for e in ents])
+        self.upper = np.array([float(e.parameter.to_scale(e.parameter.upper)) for e in ents])
+        self.nominal = np.array([float(e.parameter.to_scale(self.values[i])) for i, e in zip(est, ents)])
+        self._scale_pos = {s: np.array([j for j, e in enumerate(ents) if e.parameter.scale == s], dtype=np.int64)
+                           for s in ("lin", "log", "log10")}  # fmt: skip
+        sigma_entries = {r["sigma_entry"] for r in study.resolved.values() if r["sigma_entry"] >= 0}
+        if sigma_entries and objective == "chi2":
+            raise ValueError(
+                "InferenceProblem: objective='chi2' with an estimated sigma (noise.sigma a parameter name) has no "
+                "minimum in sigma; use objective='nll'."
+            )
+        lows = [study.entries[i].parameter.lower for i in sigma_entries]
+        self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
+        self.groups = self._group()
+        self.offset = float(sum(self._constant(e) for e in study.experiments)) - 0.5 * self.sigma_shift * sum(
+            e.n_measured for e in study.experiments if isinstance(e.noise.sigma, str)
+        )
+
+    # -- parameters -----------------------------------------------------------------------------
+    @property
+    def n_theta(self) -> int:
+        return len(self.theta_names)
+
+    def theta_of(self, values: Mapping[str, float]) -> np.ndarray:
+        """``theta`` (scaled) from linear values by entry or parameter name; the others nominal.
+
+        Raises:
+            ValueError: for a name that is not an estimated entry or parameter.
+        """
+        out = self.nominal.copy()
+        for name, v in values.items():
+            hits = [j for j, i in enumerate(self.estimated)
+                    if name in (self.study.entries[i].name, self.study.entries[i].parameter.name)]  # fmt: skip
+            if not hits:
+                raise ValueError(f"theta_of: {name!r} is not an estimated parameter; theta is {list(self.theta_names)}.")
+            for j in hits:
+                out[j] = float(self.study.entries[self.estimated[j]].parameter.to_scale(v))
+        return out
+
+    def parameter_values(self, theta) -> dict:
+        """Linear values of the estimated entries, by name."""
+        theta = np.asarray(theta, dtype=np.float64)
+        return {n: float(self.study.entries[i].parameter.from_scale(t))
+                for n, i, t in zip(self.theta_names, self.estimated, theta)}  # fmt: skip
+
+    def full_vector(self, theta):
+        """All entries' linear values as a JAX vector (traceable in ``theta``)."""
+        import jax.numpy as jnp
+
+        theta = jnp.asarray(theta)
+        full = jnp.asarray(self.values, theta.dtype)
+        for s, fn in (("lin", lambda x: x), ("log", jnp.exp), ("log10", lambda x: 10.0**x)):
+            pos = self._scale_pos[s]
+            if pos.size:
+                full = full.at[self.estimated[pos]].set(fn(theta[pos]))
+        return full
+
+    # -- packing --------------------------------------------------------------------------------
+    def _group(self) -> tuple[Group, ...]:
+        keys: dict = {}
+        for i, e in enumerate(self.study.experiments):
+            key = (id(e.observables) if e.observables is not None else None, isinstance(e.noise, LogNormal),
+                   isinstance(e.noise.sigma, str), e.n_observables)  # fmt: skip
+            keys.setdefault(key, []).append(i)
+        out = []
+        for (_, logn, est, k), members in keys.items():
+            exps = [self.study.experiments[i] for i in members]
+            out.append(Group(exps[0].observables, logn, est, k, max(e.times.shape[0] for e in exps), tuple(members)))
+        return tuple(out)
+
+    def _constant(self, e) -> float:
+        if self.objective == "chi2":
+            return 0.0
+        mask = np.isfinite(e.data)
+        c = 0.5 * math.log(2 * math.pi) * e.n_measured
+        if e.sigma is not None:
+            c += float(np.sum(np.log(e.sigma[mask])))
+        if isinstance(e.noise, LogNormal):
+            c += float(np.sum(np.log(e.data[mask])))
+        return c
+
+    def pack(self, group: Group, order: Sequence[int]) -> dict:
+        """Arrays of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
+        study = self.study
+        n_lanes, m, k = len(order), group.n_times, group.k
+        pad_source = group.members[0]
+        n_par = len(study.problem.parameter_names)
+        arr = {
+            "times": np.zeros((n_lanes, m)), "t0": np.zeros(n_lanes), "data": np.ones((n_lanes, m, k)),
+            "mask": np.zeros((n_lanes, m, k), dtype=bool), "sigma": np.ones((n_lanes, m, k)),
+            "sigma_entry": np.zeros(n_lanes, dtype=np.int32), "y0": np.zeros((n_lanes, study.problem.n_states)),
+            "p_entry": np.full((n_lanes, n_par), -1, dtype=np.int32), "p_fixed": np.zeros((n_lanes, n_par)),
+            "const": np.zeros(n_lanes), "valid": np.zeros(n_lanes, dtype=bool),
+        }  # fmt: skip
+        for lane, idx in enumerate(order):
+            real = idx >= 0
+            e = study.experiments[idx if real else pad_source]
+            r = study.resolved[e.id]
+            mi = e.times.shape[0]
+            arr["times"][lane, :mi] = e.times
+            arr["times"][lane, mi:] = e.times[-1]
+            arr["t0"][lane] = e.t0
+            if real:
+                fin = np.isfinite(e.data)
+                arr["mask"][lane, :mi] = fin
+                arr["data"][lane, :mi] = np.where(fin, e.data, 1.0)
+                arr["const"][lane] = self._constant(e)
+                arr["valid"][lane] = True
+            if e.sigma is not None:
+                arr["sigma"][lane, :mi] = e.sigma
+            arr["sigma_entry"][lane] = max(r["sigma_entry"], 0)
+            arr["y0"][lane] = r["y0"]
+            for j, (kind, v) in enumerate(r["plan"]):
+                if kind == "entry":
+                    arr["p_entry"][lane, j] = v
+                else:
+                    arr["p_fixed"][lane, j] = v
+        return arr
+
+    # -- the per-experiment terms (JAX) ----------------------------------------------------------
+    def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool):
+        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+        import jax
+        import jax.numpy as jnp
+
+        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
+
+        problem = self.study.problem
+        opts = self.solver
+        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
+        adjoint = ForwardMode() if forward else CheckpointAdjoint(opts.checkpoints)
+        sol = simulate(problem, a["y0"], a["times"], pv, t0=a["t0"], rtol=opts.rtol, atol=opts.atol,
+                       max_steps=opts.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
+        ys = sol.ys
+        if group.observables is None:
+            h = ys
+        else:
+            pdict = problem.params_dict(pv)
+            h = jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
+        mask = a["mask"]
+        if group.estimated_sigma:
+            sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)
+        else:
+            sigma = a["sigma"]
+        if group.lognormal:
+            pred = jnp.log(jnp.maximum(h, jnp.finfo(h.dtype).tiny))
+            meas = jnp.log(a["data"])
+        else:
+            pred, meas = h, a["data"]
+        r = jnp.where(mask, (pred - meas) / sigma, 0.0)
+        ok = sol.status == 0
+        bad = jnp.asarray(jnp.nan, r.dtype)
+        if residuals:
+            parts = [r.reshape(-1)]
+            if group.estimated_sigma:
+                safe = jnp.where(mask, 2.0 * jnp.log(sigma) + self.sigma_shift, 1.0)
+                parts.append(jnp.where(mask, jnp.sqrt(safe), 0.0).reshape(-1))
+            out = jnp.concatenate(parts)
+            out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
+        else:
+            v = self.scale * jnp.sum(r * r) + a["const"]
+            if group.estimated_sigma:
+                v = v + jnp.sum(jnp.where(mask, jnp.log(sigma), 0.0))
+            out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
+        return out, sol.status, sol.stats["n_steps"]
+
+    def __repr__(self) -> str:
+        return f"InferenceProblem({self.study!r}, objective={self.objective!r}, theta={list(self.theta_names)})"

@@ -1,0 +1,334 @@
+"""``ds.Study``: experiments, the parameter table and the levels (clusters) that own parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._experiment import Experiment
+
+SCALES = ("lin", "log", "log10")
+EXPERIMENT_LEVEL = "experiment"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One row of a study's parameter table.
+
+    Args:
+        name: the study parameter's name (experiments map model parameters to it).
+        nominal: its value on the linear scale (the value it keeps when fixed, and a start).
+        lower, upper: bounds on the linear scale; finite for an estimated parameter, positive
+            for the log scales.
+        scale: ``"lin"``, ``"log"`` or ``"log10"``: the coordinates the optimizer works in.
+        estimate: True to estimate it, False to hold it at ``nominal``.
+        level: None for one value shared by all experiments; ``"experiment"`` for one value per
+            experiment; a level name of the study for one value per member of that level. The
+            entries are named ``name[member]``.
+    """
+
+    name: str
+    nominal: float
+    lower: float = -math.inf
+    upper: float = math.inf
+    scale: str = "log10"
+    estimate: bool = True
+    level: str | None = None
+
+    def __post_init__(self):
+        where = f"Parameter {self.name!r}"
+        if not isinstance(self.name, str) or not self.name or "[" in self.name:
+            raise ValueError(f"Parameter name {self.name!r} must be a non-empty string without '['.")
+        if self.scale not in SCALES:
+            raise ValueError(f"{where}: scale={self.scale!r} must be one of {SCALES}.")
+        for field in ("nominal", "lower", "upper"):
+            value = getattr(self, field)
+            try:
+                object.__setattr__(self, field, float(value))
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: {field}={value!r} must be a number.") from None
+        if math.isnan(self.lower) or math.isnan(self.upper) or not math.isfinite(self.nominal):
+            raise ValueError(f"{where}: nominal must be finite and the bounds not NaN.")
+        if self.lower > self.upper:
+            raise ValueError(f"{where}: lower bound {self.lower} is above the upper bound {self.upper}; swap them.")
+        if self.estimate and not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+            raise ValueError(
+                f"{where}: an estimated parameter needs finite bounds (lower=, upper=) for the multistart; "
+                "give them or set estimate=False."
+            )
+        if self.scale != "lin" and (self.lower <= 0 or self.nominal <= 0):
+            raise ValueError(
+                f"{where}: scale={self.scale!r} needs positive values; lower={self.lower}, nominal={self.nominal} "
+                "(use scale='lin' or positive bounds)."
+            )
+        if not (self.lower <= self.nominal <= self.upper):
+            raise ValueError(f"{where}: nominal {self.nominal} lies outside [{self.lower}, {self.upper}].")
+        if self.level is not None and (not isinstance(self.level, str) or not self.level):
+            raise ValueError(f"{where}: level must be None, 'experiment' or a level name of the study.")
+
+    def to_scale(self, value):
+        """Linear value -> optimizer coordinate."""
+        return {"lin": lambda v: v, "log": np.log, "log10": np.log10}[self.scale](np.asarray(value, dtype=np.float64))
+
+    def from_scale(self, value):
+        """Optimizer coordinate -> linear value (numpy)."""
+        v = np.asarray(value, dtype=np.float64)
+        return {"lin": lambda v: v, "log": np.exp, "log10": lambda v: 10.0**v}[self.scale](v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One entry of the expanded study parameter vector (a parameter, or its value for one member)."""
+
+    name: str
+    parameter: Parameter
+    member: str | None
+
+
+class Study:
+    """Experiments, a parameter table and optional levels (clusters) whose members own parameters.
+
+    Args:
+        problem: the model, a built ``ds.Problem`` (a ``ProblemSpec``/``ReactionNetwork`` is built
+            with defaults).
+        experiments: the experiments (unique ids).
+        parameters: the parameter table, a sequence of :class:`Parameter`.
+        levels: level names, outermost first (e.g. ``("site", "patient")``); each experiment names
+            its member of every level in ``Experiment.groups``, and each member of an inner level
+            belongs to one member of every outer level.
+
+    Attributes:
+        entries: the expanded study parameters (one per parameter, or per member of its level).
+        entry_names: their names.
+
+    Raises:
+        ValueError: naming the experiment and the field: duplicate ids, an unknown parameter in a
+            mapping or in ``conditions``, an unknown state in ``y0``, data whose shape does not
+            match the observables, a missing level member, a member in two outer members, an
+            estimated sigma that is not a study parameter, a model parameter with no value.
+    """
+
+    def __init__(
+        self,
+        problem: Any,
+        experiments: Sequence[Experiment],
+        parameters: Sequence[Parameter],
+        *,
+        levels: Sequence[str] = (),
+    ):
+        from ..model import Problem, ProblemSpec, ReactionNetwork
+
+        if isinstance(problem, ReactionNetwork):
+            problem = problem.to_spec()
+        if isinstance(problem, ProblemSpec):
+            problem = problem.build()
+        if not isinstance(problem, Problem):
+            raise TypeError(f"Study: problem must be a ds.Problem (spec.build()), not {type(problem).__name__}.")
+        self.problem = problem
+        self.experiments = tuple(experiments)
+        if not self.experiments:
+            raise ValueError("Study: experiments is empty; a study needs at least one experiment.")
+        for e in self.experiments:
+            if not isinstance(e, Experiment):
+                raise TypeError(f"Study: experiments must be ds.Experiment objects, got {type(e).__name__}.")
+        ids = [e.id for e in self.experiments]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"Study: duplicate experiment ids {dup}; ids must be unique.")
+        self.parameters = tuple(parameters)
+        for p in self.parameters:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"Study: parameters must be ds.inference.Parameter rows, got {type(p).__name__}.")
+        names = [p.name for p in self.parameters]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"Study: duplicate parameter names {dup}.")
+        self.levels = tuple(levels)
+        if len(set(self.levels)) != len(self.levels) or EXPERIMENT_LEVEL in self.levels:
+            raise ValueError(f"Study: levels={self.levels} must be distinct names other than {EXPERIMENT_LEVEL!r}.")
+        for p in self.parameters:
+            if p.level is not None and p.level != EXPERIMENT_LEVEL and p.level not in self.levels:
+                raise ValueError(
+                    f"Study: Parameter {p.name!r} has level={p.level!r}, not one of the study's levels "
+                    f"{self.levels} (or 'experiment')."
+                )
+        self._check_levels()
+        self.table = {p.name: p for p in self.parameters}
+        self.entries = self._expand()
+        self.entry_names = tuple(e.name for e in self.entries)
+        self.entry_index = {n: i for i, n in enumerate(self.entry_names)}
+        self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+
+    # -- construction helpers -------------------------------------------------------------------
+    def _check_levels(self):
+        parent: dict[tuple[str, str], tuple] = {}
+        for e in self.experiments:
+            missing = [lv for lv in self.levels if lv not in e.groups]
+            if missing:
+                raise ValueError(f"Experiment {e.id!r}: groups has no member for level(s) {missing}.")
+            extra = [lv for lv in e.groups if lv not in self.levels]
+            if extra:
+                raise ValueError(f"Experiment {e.id!r}: groups names unknown level(s) {extra}; levels are {self.levels}.")
+            for i, lv in enumerate(self.levels):
+                outer = tuple(e.groups[o] for o in self.levels[:i])
+                key = (lv, e.groups[lv])
+                if parent.setdefault(key, outer) != outer:
+                    raise ValueError(
+                        f"Experiment {e.id!r}: groups: member {e.groups[lv]!r} of level {lv!r} belongs to "
+                        f"{parent[key]} elsewhere and to {outer} here; a member belongs to one outer member."
+                    )
+
+    def members(self, level: str) -> tuple[str, ...]:
+        """Members of a level (or the experiment ids for ``"experiment"``), in order of first appearance."""
+        if level == EXPERIMENT_LEVEL:
+            return tuple(e.id for e in self.experiments)
+        if level not in self.levels:
+            raise ValueError(f"Study: unknown level {level!r}; levels are {self.levels}.")
+        return tuple(dict.fromkeys(e.groups[level] for e in self.experiments))
+
+    def _expand(self):
+        out = []
+        for p in self.parameters:
+            if p.level is None:
+                out.append(Entry(p.name, p, None))
+            else:
+                out.extend(Entry(f"{p.name}[{m}]", p, m) for m in self.members(p.level))
+        return tuple(out)
+
+    def entry_of(self, experiment: Experiment, name: str) -> int:
+        """Index of the entry that study parameter ``name`` takes for ``experiment``."""
+        p = self.table[name]
+        if p.level is None:
+            return self.entry_index[name]
+        member = experiment.id if p.level == EXPERIMENT_LEVEL else experiment.groups[p.level]
+        return self.entry_index[f"{name}[{member}]"]
+
+    def _resolve(self, e: Experiment) -> dict:
+        """Per model parameter: ("entry", index) or ("fixed", value); y0; sigma entry; observable count."""
+        prob = self.problem
+        where = f"Experiment {e.id!r}"
+        model = prob.parameter_names
+        for field, keys in (("conditions", e.conditions), ("parameters", e.parameters)):
+            unknown = [k for k in keys if k not in model]
+            if unknown:
+                raise ValueError(
+                    f"{where}: {field} names unknown model parameter(s) {unknown}; the model's parameters are "
+                    f"{list(model)}."
+                )
+        unknown = [v for v in e.parameters.values() if v not in self.table]
+        if unknown:
+            raise ValueError(
+                f"{where}: parameters maps to unknown study parameter(s) {unknown}; the parameter table has "
+                f"{list(self.table)}."
+            )
+        defaults = prob.spec.parameter_defaults
+        plan = []
+        for i, name in enumerate(model):
+            if name in e.conditions:
+                plan.append(("fixed", e.conditions[name]))
+            elif name in e.parameters:
+                plan.append(("entry", self.entry_of(e, e.parameters[name])))
+            elif name in self.table:
+                plan.append(("entry", self.entry_of(e, name)))
+            elif defaults is not None:
+                plan.append(("fixed", float(defaults[i])))
+            else:
+                raise ValueError(
+                    f"{where}: model parameter {name!r} has no value: give it in conditions, map it in "
+                    "parameters, or add a study parameter of that name."
+                )
+        n = prob.n_states
+        if e.y0 is None:
+            if prob.spec.y0 is None:
+                raise ValueError(f"{where}: y0 is not given and the model has no default y0.")
+            y0 = np.asarray(prob.spec.y0, dtype=np.float64)
+        elif isinstance(e.y0, dict):
+            unknown = [k for k in e.y0 if k not in prob.state_names]
+            if unknown:
+                raise ValueError(f"{where}: y0 names unknown state(s) {unknown}; states are {list(prob.state_names)[:10]}...")
+            if prob.spec.y0 is None and len(e.y0) != n:
+                raise ValueError(f"{where}: y0 gives {len(e.y0)} of {n} states and the model has no default y0.")
+            y0 = np.array(prob.spec.y0 if prob.spec.y0 is not None else np.zeros(n), dtype=np.float64)
+            for k, v in e.y0.items():
+                y0[prob.state_names.index(k)] = v
+        else:
+            y0 = e.y0
+            if y0.shape != (n,):
+                raise ValueError(f"{where}: y0 has shape {y0.shape}; the model has {n} states.")
+        sigma_entry = -1
+        if isinstance(e.noise.sigma, str):
+            if e.noise.sigma not in self.table:
+                raise ValueError(
+                    f"{where}: noise.sigma names {e.noise.sigma!r}, which is not a study parameter; add it to the "
+                    "parameter table."
+                )
+            sp = self.table[e.noise.sigma]
+            if sp.lower <= 0:
+                raise ValueError(
+                    f"{where}: noise.sigma is study parameter {sp.name!r}, whose lower bound {sp.lower} must be positive."
+                )
+            sigma_entry = self.entry_of(e, e.noise.sigma)
+        k = self._observable_count(e)
+        if e.data.shape[1] != k:
+            raise ValueError(
+                f"{where}: data has shape {e.data.shape}; the observables give {k} value(s) per time, so data must "
+                f"be ({e.times.shape[0]}, {k})."
+            )
+        return {"plan": tuple(plan), "y0": y0, "sigma_entry": sigma_entry, "k": k}
+
+    def _observable_count(self, e: Experiment) -> int:
+        prob = self.problem
+        if e.observables is None:
+            return prob.n_states
+        import jax
+        import jax.numpy as jnp
+
+        y = jnp.ones((prob.n_states,), prob.dtype)
+        p = {k: jnp.ones((), prob.dtype) for k in prob.parameter_names}
+        try:
+            out = jax.eval_shape(e.observables, y, p)
+        except Exception as err:  # noqa: BLE001 (the user's function)
+            raise ValueError(
+                f"Experiment {e.id!r}: observables(y, p) failed when traced with y of shape ({prob.n_states},) and p a "
+                f"dict of the model parameters: {type(err).__name__}: {err}"
+            ) from err
+        shape = getattr(out, "shape", None)
+        if shape is None or len(shape) != 1:
+            raise ValueError(f"Experiment {e.id!r}: observables must return a 1-D array (k,), got shape {shape}.")
+        return int(shape[0])
+
+    # -- use ------------------------------------------------------------------------------------
+    def replace(self, *, experiments: Sequence[Experiment]) -> "Study":
+        """The same study with other experiments (e.g. reordered)."""
+        return Study(self.problem, experiments, self.parameters, levels=self.levels)
+
+    def nominal_values(self) -> np.ndarray:
+        """Linear-scale nominal value of every entry."""
+        return np.array([e.parameter.nominal for e in self.entries], dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self.experiments)
+
+    def __repr__(self) -> str:
+        return (
+            f"Study({self.problem.spec.name!r}, experiments={len(self.experiments)}, "
+            f"parameters={len(self.entries)}, levels={self.levels})"
+        )
+
+
+def entries_by_name(study: Study, values: Mapping[str, float] | None) -> np.ndarray:
+    """Linear-scale values of all entries: nominal, overridden by ``values`` (entry or base names)."""
+    out = study.nominal_values()
+    for k, v in (values or {}).items():
+        if k in study.entry_index:
+            out[study.entry_index[k]] = float(v)
+        elif k in study.table:
+            for i, e in enumerate(study.entries):
+                if e.parameter.name == k:
+                    out[i] = float(v)
+        else:
+            raise ValueError(f"unknown study parameter {k!r}; entries are {list(study.entry_names)[:20]}.")
+    return out

@@ -1,0 +1,135 @@
+"""Fitting: parameter recovery on 100 experiments of a 10-species network (every |estimate - truth|
+/ standard error below 4, mean square below 2), a hierarchical study with cluster parameters,
+failed solves during a fit recorded while the fit goes on (TRF and L-BFGS-B), Latin hypercube starts."""
+
+import numpy as np
+import pytest
+
+import diffsoup as ds
+from diffsoup.examples import mass_action_network
+from diffsoup.inference import Gaussian, Parameter, SolverOptions, fit
+from diffsoup.inference._fit import latin_hypercube
+
+
+def _synthetic(problem, conditions, times, truth, sigma, rng, **exp_kwargs):
+    """One experiment's data from ds.simulate at the true values plus Gaussian noise."""
+    model = {k: v for k, v in truth.items() if k in problem.parameter_names}
+    ys = np.asarray(ds.simulate(problem, conditions, times, model, rtol=1e-10, atol=1e-12).ys)
+    return ys + sigma * rng.standard_normal(ys.shape)
+
+
+def _z_scores(result, truth_theta):
+    est = np.asarray(result.theta)
+    se = np.array([result.standard_errors[n] for n in result.theta_names])
+    return (est - truth_theta) / se
+
+
+@pytest.mark.slow
+def test_recovers_parameters_of_100_experiments_10_species():
+    net = mass_action_network(10, 12, seed=1)
+    problem = net.to_spec(y0=np.ones(10)).build()
+    truth = dict(net.parameters)
+    rng = np.random.default_rng(42)
+    times = np.array([0.2, 1.0, 3.0])
+    sigma = 0.02
+    exps = []
+    for i in range(100):
+        y0 = rng.uniform(0.2, 2.0, 10)
+        data = _synthetic(problem, y0, times, truth, sigma, rng)
+        exps.append(ds.Experiment(f"x{i:03d}", times, data, noise=Gaussian(sigma), y0=y0))
+    params = [Parameter(k, v, v / 10, v * 10) for k, v in truth.items()]
+    study = ds.Study(problem, exps, params)
+    low = ds.lower(study, solver=SolverOptions(rtol=1e-8, atol=1e-10))
+    true_theta = np.log10([truth[n] for n in low.theta_names])
+    start = true_theta + np.random.default_rng(0).uniform(-0.3, 0.3, true_theta.size)
+    result = fit(low, starts=0, x0=start)
+    z = _z_scores(result, true_theta)
+    assert result.starts[0].success, result.message
+    assert np.all(np.abs(z) < 4), dict(zip(result.theta_names, z))
+    assert np.mean(z**2) < 2, z
+    assert result.objective <= low.value(true_theta)
+
+
+def _cluster_study():
+    net = ds.ReactionNetwork(["A", "B", "C"], [("A -> B", "k1"), ("B -> C", "k2")], {"k1": 1.0, "k2": 0.5})
+    problem = net.to_spec(y0=[1.0, 0.0, 0.0]).build()
+    rng = np.random.default_rng(7)
+    k1 = {f"c{j}": float(v) for j, v in enumerate([0.4, 0.8, 1.5, 2.5, 4.0])}
+    truth = {"k2": 0.5}
+    times = np.array([0.3, 1.0, 2.0, 4.0])
+    exps = []
+    for j, site in enumerate(k1):
+        for i in range(4):
+            y0 = [float(rng.uniform(0.5, 2.0)), 0.0, 0.0]
+            data = _synthetic(problem, y0, times, {"k1": k1[site], **truth}, 0.02, rng)
+            exps.append(ds.Experiment(f"{site}-{i}", times, data, noise=Gaussian(0.02), y0=y0,
+                                      groups={"cluster": site}))  # fmt: skip
+    params = [Parameter("k1", 1.0, 0.1, 10.0, level="cluster"), Parameter("k2", 0.5, 0.05, 5.0)]
+    return ds.Study(problem, exps, params, levels=("cluster",)), k1, truth
+
+
+@pytest.mark.slow
+def test_hierarchical_study_recovers_cluster_parameters():
+    study, k1, truth = _cluster_study()
+    low = ds.lower(study)
+    assert low.theta_names == ("k1[c0]", "k1[c1]", "k1[c2]", "k1[c3]", "k1[c4]", "k2")
+    result = fit(low, starts=2, seed=1)
+    assert len(result.starts) == 2 and all(s.n_evaluations > 0 for s in result.starts)
+    true_theta = np.log10([k1[n[3:5]] for n in low.theta_names[:5]] + [truth["k2"]])
+    z = _z_scores(result, true_theta)
+    assert np.all(np.abs(z) < 4), z
+    for site, value in k1.items():
+        assert abs(result.parameters[f"k1[{site}]"] / value - 1) < 0.1
+
+
+def _blowup_study():
+    """A' = -k1 A + k2 A^2: decays for k2 < k1 / A0, blows up in finite time above."""
+    net = ds.ReactionNetwork(["A", "B"], [("A -> B", "k1"), ("A + A -> A + A + A", "k2")], {"k1": 1.0, "k2": 0.3})
+    problem = net.to_spec(y0=[1.0, 0.0]).build()
+    rng = np.random.default_rng(1)
+    times = np.array([0.5, 1.0, 2.0, 3.0])
+    exps = []
+    for i in range(4):
+        y0 = [0.6 + 0.2 * i, 0.0]
+        exps.append(ds.Experiment(f"b{i}", times, _synthetic(problem, y0, times, net.parameters, 0.01, rng),
+                                  noise=Gaussian(0.01), y0=y0))  # fmt: skip
+    params = [Parameter("k1", 1.0, 0.1, 10.0), Parameter("k2", 0.3, 0.03, 10.0)]
+    return ds.Study(problem, exps, params, ), np.log10([1.0, 0.3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["trf", "lbfgsb"])
+def test_failed_solves_are_recorded_and_the_fit_goes_on(method):
+    study, true_theta = _blowup_study()
+    low = ds.lower(study, solver=SolverOptions(max_steps=2000))
+    bad = np.log10([1.0, 8.0])  # k2 = 8: every experiment blows up before t = 3
+    good = np.log10([2.0, 0.1])
+    result = fit(low, method=method, starts=np.array([bad, good]))
+    failed, ok = result.starts
+    assert not failed.success and failed.objective == np.inf
+    assert "failed at the start point" in failed.message
+    assert {f[0] for f in failed.failures} == {"b0", "b1", "b2", "b3"}
+    assert all(f[1] in ("NONFINITE_STATE", "STEP_TOO_SMALL", "MAX_STEPS") for f in failed.failures)
+    assert result.best == 1 and ok.success
+    assert np.all(np.abs(_z_scores(result, true_theta)) < 4)
+
+
+def test_latin_hypercube_within_bounds_one_point_per_stratum():
+    lo, hi = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 5.0, 3.0])
+    pts = latin_hypercube(lo, hi, 8, seed=3)
+    assert pts.shape == (8, 3) and np.all(pts >= lo) and np.all(pts <= hi)
+    strata = np.floor((pts - lo) / (hi - lo) * 8).astype(int)
+    for j in range(3):
+        assert sorted(strata[:, j]) == list(range(8))
+    np.testing.assert_array_equal(pts, latin_hypercube(lo, hi, 8, seed=3))
+
+
+def test_fit_rejects_bad_options():
+    study, _ = _blowup_study()
+    low = ds.lower(study)
+    with pytest.raises(ValueError, match="method="):
+        fit(low, method="newton")
+    with pytest.raises(ValueError, match="starts has shape"):
+        fit(low, starts=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="outside the bounds"):
+        fit(low, starts=np.array([[5.0, 0.0]]))
