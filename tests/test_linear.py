@@ -82,7 +82,8 @@ def test_vmap_over_matrices_and_over_rhs_match_a_loop(solver):
     both = jax.vmap(one)(batched_values, bs)
     rhs_only = jax.vmap(one, in_axes=(None, 0))(values, bs)
     for i in range(6):
-        np.testing.assert_allclose(np.asarray(both[i]), np.asarray(one(batched_values[i], bs[i])), rtol=1e-13)
+        # a batched factorization may differ from a single one in the last bits (cuDSS's uniform batch)
+        np.testing.assert_allclose(np.asarray(both[i]), np.asarray(one(batched_values[i], bs[i])), rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(np.asarray(rhs_only[i]), np.linalg.solve(dense, np.asarray(bs[i])), rtol=1e-12)
 
 

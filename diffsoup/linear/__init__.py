@@ -10,7 +10,8 @@ from ._cudss import has_cudss as has_cudss
 
 
 def default_solver(n_states: int, platform: str | None = None) -> LinearSolver:
-    """The solver ``spec.build`` picks when none is given: dense LU for small systems, KLU on CPU."""
+    """The solver ``spec.build`` picks when none is given: dense LU for small systems, KLU on CPU,
+    cuDSS on a GPU where it can run (dense LU otherwise)."""
     import jax
 
     platform = platform or jax.default_backend()
@@ -18,4 +19,6 @@ def default_solver(n_states: int, platform: str | None = None) -> LinearSolver:
         return Dense()
     if platform == "cpu":
         return KLU()
+    if platform == "gpu" and has_cudss():
+        return CuDSS()
     return Dense()

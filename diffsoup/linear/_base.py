@@ -64,7 +64,8 @@ class LinearSolver:
         if isinstance(self.ir_max_steps, bool) or int(self.ir_max_steps) < 1:
             raise ValueError(f"{type(self).__name__}.ir_max_steps={self.ir_max_steps!r} must be a positive integer.")
 
-    def prepare(self, pattern, precision) -> "PreparedSolver":  # pragma: no cover - abstract
+    def prepare(self, pattern, precision, *, layout=None) -> "PreparedSolver":  # pragma: no cover - abstract
+        """Host-side work once per pattern (symbolic analysis); ``layout`` is the problem's ``ds.Layout``."""
         raise NotImplementedError
 
     @property

@@ -27,6 +27,11 @@ How the solver maps onto cuDSS (``_cudss/diffsoup_cudss.cu`` holds the C++ side)
   failed cuDSS call turn the solutions of that system into NaN, which the integrator reports.
   Reading the indicator synchronizes the stream once per factorization;
   ``DIFFSOUP_CUDSS_CHECK_INFO=0`` skips it (failures then show only as non-finite solutions).
+* Reproducibility: cuDSS runs in its deterministic mode (``CUDSS_CONFIG_DETERMINISTIC_MODE``),
+  because the checkpointed adjoint replays forward steps and requires them to retrace the forward
+  pass bit for bit (otherwise it reports NaN gradients); ``DIFFSOUP_CUDSS_DETERMINISTIC=0`` turns it
+  off where only forward solves are needed. Where cuDSS refuses it for a configuration, that
+  configuration runs without it (counted in :func:`cudss_counters` as ``determinism_off``).
 
 Settings: ``reorder="amd"`` keeps cuDSS's own default ordering, ``"metis"`` selects its nested
 dissection (METIS); ``hybrid_memory=True`` lets cuDSS keep factors in host memory, with
@@ -76,7 +81,7 @@ _TARGETS = {
 }
 COUNTER_NAMES = (
     "states", "analyses", "factorizations", "refactorizations", "solves",
-    "transpose_native", "transpose_fallback", "failed_calls", "info_syncs",
+    "transpose_native", "transpose_fallback", "failed_calls", "info_syncs", "determinism_off",
 )  # fmt: skip
 
 _IR_TOL_DEFAULT = LinearSolver.__dataclass_fields__["ir_tol"].default

@@ -24,7 +24,7 @@ class Dense(LinearSolver):
         ir_max_steps: most refinement steps per solve.
     """
 
-    def prepare(self, pattern, precision) -> "PreparedDense":
+    def prepare(self, pattern, precision, *, layout=None) -> "PreparedDense":
         return PreparedDense(self, pattern, precision)
 
 

@@ -28,7 +28,7 @@ class KLU(LinearSolver):
         ir_max_steps: most refinement steps per solve.
     """
 
-    def prepare(self, pattern, precision) -> "PreparedKLU":
+    def prepare(self, pattern, precision, *, layout=None) -> "PreparedKLU":
         return PreparedKLU(self, pattern, precision)
 
 

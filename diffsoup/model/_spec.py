@@ -170,7 +170,7 @@ class Problem:
             t0, y, p = self._example_point()
             found, self.sparsity_method = detect_sparsity(self._rhs_dict, t0, y, p)
             self.pattern = SparsityPattern.from_matrix(found)
-        self.prepared = linear_solver.prepare(self.pattern, precision)
+        self.prepared = linear_solver.prepare(self.pattern, precision, layout=layout)
         self._rows = np.asarray(self.pattern.rows)
         self._colors_of_entries = np.asarray(self.pattern.colors)[self.pattern.indices]
         seeds = np.zeros((self.n_states, self.pattern.n_colors))

@@ -29,7 +29,11 @@
 // first few results are checked on the host against the matrix (r = A^T x - b); if the native
 // transposed solve is refused or wrong for a configuration, that state switches to a second
 // cuDSS object that factors A^T (values gathered through perm_t, once per factorization).
-// DIFFSOUP_CUDSS_TRANSPOSE=native|refactor|auto (default auto) forces either path.
+// DIFFSOUP_CUDSS_TRANSPOSE=native|refactor|auto (default auto) forces either path;
+// DIFFSOUP_CUDSS_PIVOT_FAIL=0 stops counting perturbed pivots as failures;
+// DIFFSOUP_CUDSS_DETERMINISTIC=0 drops CUDSS_CONFIG_DETERMINISTIC_MODE (on by default: the
+// checkpointed adjoint needs replays that retrace the forward pass bit for bit); DIFFSOUP_CUDSS_VERBOSE=1
+// reports failed cuDSS calls and the transposed-solve checks on stderr.
 
 #include <cuda_runtime.h>
 #include <cudss.h>
@@ -60,7 +64,6 @@ namespace {
 
 constexpr int32_t kPerturbedPivots = 1 << 30;  // cuDSS replaced (numerically) zero pivots
 constexpr int32_t kCudssApiError = -1000;      // -1000 - cudssStatus_t
-constexpr int32_t kCudaApiError = -2000;       // -2000 - cudaError_t
 constexpr int32_t kBadDtype = -3001;
 
 enum Counter {
@@ -73,6 +76,7 @@ enum Counter {
   kTransposeFallback,
   kFailedCalls,
   kInfoSyncs,
+  kDeterminismOff,
   kNumCounters
 };
 std::atomic<int64_t> g_counters[kNumCounters];
@@ -88,6 +92,22 @@ int TransposePreference() {  // 0 auto, 1 native, 2 refactor
     return 0;
   }();
   return pref;
+}
+
+bool PerturbedPivotsFail() {  // DIFFSOUP_CUDSS_PIVOT_FAIL=0: ignore CUDSS_DATA_NPIVOTS
+  static const bool v = [] {
+    const char* e = std::getenv("DIFFSOUP_CUDSS_PIVOT_FAIL");
+    return e == nullptr || e[0] != '0';
+  }();
+  return v;
+}
+
+bool DeterministicDefault() {  // DIFFSOUP_CUDSS_DETERMINISTIC=0: cuDSS's faster, unordered mode
+  static const bool v = [] {
+    const char* e = std::getenv("DIFFSOUP_CUDSS_DETERMINISTIC");
+    return e == nullptr || e[0] != '0';
+  }();
+  return v;
 }
 
 bool Verbose() {
@@ -157,6 +177,8 @@ struct Solver {
   bool analyzed = false;
   bool factored = false;
   bool info_dirty = false;
+  bool deterministic = false;
+  bool columns_only = false;  // several right-hand sides are solved one by one
   int solve_mode = 0;
 
   Solver() = default;
@@ -197,6 +219,13 @@ struct Solver {
         CUDSS_STATUS_SUCCESS) {
       float epsf = 1e-30f;
       (void)cudssConfigSet(config, CUDSS_CONFIG_PIVOT_EPSILON, &epsf, sizeof(epsf));
+    }
+    // Bitwise-reproducible factorizations and solves: the checkpointed adjoint replays forward
+    // steps and checks that they retrace the forward pass exactly.
+    if (DeterministicDefault()) {
+      int one = 1;
+      deterministic = cudssConfigSet(config, CUDSS_CONFIG_DETERMINISTIC_MODE, &one, sizeof(one)) ==
+                      CUDSS_STATUS_SUCCESS;
     }
     if (batch > 1) {
       int ub = static_cast<int>(batch);
@@ -285,6 +314,21 @@ struct Solver {
       (void)cudssDataSet(handle, data, CUDSS_DATA_INFO, zeros.data(), sizeof(int));
   }
 
+  // Where a configuration refuses the deterministic mode, drop it (fresh data object).
+  cudssStatus_t DisableDeterminism(cudssStatus_t why) {
+    if (Verbose())
+      std::fprintf(stderr, "diffsoup cuDSS: deterministic mode refused (status %d); turned off\n",
+                   static_cast<int>(why));
+    Count(kDeterminismOff);
+    deterministic = false;
+    int zero = 0;
+    (void)cudssConfigSet(config, CUDSS_CONFIG_DETERMINISTIC_MODE, &zero, sizeof(zero));
+    if (data != nullptr) cudssDataDestroy(handle, data);
+    data = nullptr;
+    analyzed = factored = info_dirty = false;
+    return cudssDataCreate(handle, &data);
+  }
+
   // Numerical (re)factorization; the analysis first if this object has none. Writes one code
   // per batch member into info (host memory) and returns the cuDSS status of the API calls.
   cudssStatus_t Factor(cudaStream_t stream, void* indptr, void* indices, void* values,
@@ -297,18 +341,31 @@ struct Solver {
       ResetInfo();
       info_dirty = false;
     }
+    bool fresh = false;
     if (!analyzed) {
-      if ((s = cudssExecute(handle, CUDSS_PHASE_ANALYSIS, config, data, A, X, B)) !=
-          CUDSS_STATUS_SUCCESS)
-        return s;
+      s = cudssExecute(handle, CUDSS_PHASE_ANALYSIS, config, data, A, X, B);
+      if (s != CUDSS_STATUS_SUCCESS && deterministic) {
+        if (DisableDeterminism(s) != CUDSS_STATUS_SUCCESS) return s;
+        s = cudssExecute(handle, CUDSS_PHASE_ANALYSIS, config, data, A, X, B);
+      }
+      if (s != CUDSS_STATUS_SUCCESS) return s;
       analyzed = true;
       factored = false;
+      fresh = true;
       Count(kAnalyses);
     }
     const bool re = refactor && factored;
     factored = false;
     s = cudssExecute(handle, re ? CUDSS_PHASE_REFACTORIZATION : CUDSS_PHASE_FACTORIZATION, config,
                      data, A, X, B);
+    if (s != CUDSS_STATUS_SUCCESS && deterministic && fresh) {
+      if (DisableDeterminism(s) != CUDSS_STATUS_SUCCESS) return s;
+      if ((s = cudssExecute(handle, CUDSS_PHASE_ANALYSIS, config, data, A, X, B)) !=
+          CUDSS_STATUS_SUCCESS)
+        return s;
+      analyzed = true;
+      s = cudssExecute(handle, CUDSS_PHASE_FACTORIZATION, config, data, A, X, B);
+    }
     if (s != CUDSS_STATUS_SUCCESS) return s;
     factored = true;
     Count(re ? kRefactorizations : kFactorizations);
@@ -320,7 +377,7 @@ struct Solver {
       if (ReadPerSystem(CUDSS_DATA_INFO, &codes)) {
         for (int64_t i = 0; i < batch; ++i) info[i] = codes[i];
       }
-      if (ReadPerSystem(CUDSS_DATA_NPIVOTS, &npiv)) {
+      if (PerturbedPivotsFail() && ReadPerSystem(CUDSS_DATA_NPIVOTS, &npiv)) {
         for (int64_t i = 0; i < batch; ++i)
           if (info[i] == 0 && npiv[i] > 0) info[i] = kPerturbedPivots;
       }
@@ -335,7 +392,6 @@ struct Solver {
     cudssStatus_t s;
     if ((s = cudssSetStream(handle, stream)) != CUDSS_STATUS_SUCCESS) return s;
     if ((s = BindA(indptr, indices, values)) != CUDSS_STATUS_SUCCESS) return s;
-    if ((s = BindXB(k, x, b)) != CUDSS_STATUS_SUCCESS) return s;
     if (mode != solve_mode) {
       int m = mode;
       if ((s = cudssConfigSet(config, CUDSS_CONFIG_SOLVE_MODE, &m, sizeof(m))) !=
@@ -343,7 +399,28 @@ struct Solver {
         return s;
       solve_mode = mode;
     }
-    return cudssExecute(handle, CUDSS_PHASE_SOLVE, config, data, A, X, B);
+    if (!(k > 1 && columns_only)) {
+      if ((s = BindXB(k, x, b)) != CUDSS_STATUS_SUCCESS) return s;
+      s = cudssExecute(handle, CUDSS_PHASE_SOLVE, config, data, A, X, B);
+      // cuDSS 1.0 refuses several right-hand sides at once in its deterministic mode (seen on an
+      // H200: CUDSS_STATUS_NOT_SUPPORTED): solve them one column at a time from then on.
+      if (!(s == CUDSS_STATUS_NOT_SUPPORTED && k > 1 && batch == 1 && deterministic)) return s;
+      columns_only = true;
+      if (Verbose())
+        std::fprintf(stderr, "diffsoup cuDSS: %lld right-hand sides refused at once; solving by column\n",
+                     static_cast<long long>(k));
+    }
+    if (batch != 1) return CUDSS_STATUS_NOT_SUPPORTED;
+    const size_t step = static_cast<size_t>(n) * (vtype == CUDA_R_32F ? 4 : 8);
+    for (int64_t j = 0; j < k; ++j) {
+      if ((s = BindXB(1, static_cast<char*>(x) + j * step, static_cast<char*>(b) + j * step)) !=
+          CUDSS_STATUS_SUCCESS)
+        return s;
+      if ((s = cudssExecute(handle, CUDSS_PHASE_SOLVE, config, data, A, X, B)) !=
+          CUDSS_STATUS_SUCCESS)
+        return s;
+    }
+    return CUDSS_STATUS_SUCCESS;
   }
 };
 
@@ -650,10 +727,16 @@ ffi::Error SolveCommon(bool transpose, cudaStream_t stream, int32_t device,
   const int64_t n = indptr.dimensions()[0] - 1;
   if (bd[0] != batch || bd[2] != n || indices.dimensions()[0] != nnz)
     return ShapeError("inconsistent shapes of values and right-hand sides");
-  if (x->size_bytes() == 0) return ffi::Error::Success();
+  size_t out_bytes = 0;
+  {
+    size_t count = 1;
+    for (int64_t d : x->dimensions()) count *= static_cast<size_t>(d);
+    out_bytes = count * (x->element_type() == ffi::DataType::F32 ? 4 : 8);
+  }
+  if (out_bytes == 0) return ffi::Error::Success();
   const int32_t dtype = DtypeCode(values.element_type());
   if (dtype == 0 || b.element_type() != values.element_type()) {
-    FillNaN(x->untyped_data(), x->size_bytes(), stream);
+    FillNaN(x->untyped_data(), out_bytes, stream);
     return ffi::Error::Success();
   }
   EnsureDevice(device);
@@ -662,13 +745,13 @@ ffi::Error SolveCommon(bool transpose, cudaStream_t stream, int32_t device,
   auto st = FindState(key);
   if (st == nullptr) {
     Count(kFailedCalls);
-    FillNaN(x->untyped_data(), x->size_bytes(), stream);
+    FillNaN(x->untyped_data(), out_bytes, stream);
     return ffi::Error::Success();
   }
   std::lock_guard<std::mutex> lock(st->mu);
   if (!st->main.factored) {
     Count(kFailedCalls);
-    FillNaN(x->untyped_data(), x->size_bytes(), stream);
+    FillNaN(x->untyped_data(), out_bytes, stream);
     return ffi::Error::Success();
   }
   void* ip = indptr.typed_data();
@@ -715,7 +798,7 @@ ffi::Error SolveCommon(bool transpose, cudaStream_t stream, int32_t device,
     if (Verbose())
       std::fprintf(stderr, "diffsoup cuDSS: solve failed with cuDSS status %d\n",
                    static_cast<int>(s));
-    FillNaN(xx, x->size_bytes(), stream);
+    FillNaN(xx, out_bytes, stream);
   }
   return ffi::Error::Success();
 }
