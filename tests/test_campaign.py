@@ -201,7 +201,8 @@ def test_bad_task_ids_are_refused_before_anything_runs(tmp_path, items, error, m
     "options, error, message",
     [
         ({"execution": "threads"}, ValueError, r"execution='threads' is not one of \('serial', 'dask', 'processes'\)"),
-        ({"execution": "processes"}, NotImplementedError, "arrives with the distributed runtime"),
+        ({"execution": "processes", "resources": {"GPU": 1}}, ValueError,
+         "resources= applies to execution='dask', not execution='processes'"),
         ({"device_groups": [[0]]}, ValueError, "device_groups applies to execution='processes'"),
         ({"on_conflict": "merge"}, ValueError, r"on_conflict='merge' is not one of \('error', 'restart'\)"),
         ({"resources": {"GPU": 1}}, ValueError, "resources= applies to execution='dask'"),

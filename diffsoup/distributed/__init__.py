@@ -1,12 +1,39 @@
-"""Execution across processes and machines: campaigns (``checkpointed_map``) and ``world``.
+"""Execution across processes and machines: ``run`` (a study over Dask workers or the processes of a
+multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary``, ``owns``,
+``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``) and
+``world``.
 
 Importing this package does not import Dask: the modules below import it inside the functions
-that run on a cluster.
+that run on a cluster (``_run`` imports it when ``run`` is called).
 """
 
 from ._campaign import DEFAULT_NO_WORKER_TIMEOUT as DEFAULT_NO_WORKER_TIMEOUT
 from ._campaign import CampaignResult as CampaignResult
 from ._campaign import TaskRecord as TaskRecord
 from ._campaign import checkpointed_map as checkpointed_map
+from ._campaign import device_group as device_group
+from ._runtime import any_process as any_process
+from ._runtime import configure as configure
+from ._runtime import from_local_data as from_local_data
+from ._runtime import initialize as initialize
+from ._runtime import is_primary as is_primary
+from ._runtime import key as key
+from ._runtime import local_value as local_value
+from ._runtime import owns as owns
 from ._world import World as World
 from ._world import world as world
+
+
+def run(study, **options):
+    """Lower a study over the processes of a run (see :func:`diffsoup.distributed._run.run`)."""
+    from ._run import run as _run
+
+    return _run(study, **options)
+
+
+def __getattr__(name):
+    if name in ("DistributedStudy",):
+        from . import _run
+
+        return getattr(_run, name)
+    raise AttributeError(f"module 'diffsoup.distributed' has no attribute {name!r}")

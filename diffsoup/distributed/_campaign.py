@@ -15,6 +15,7 @@ when a worker died under it. Dask itself is imported only inside the functions t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -450,9 +451,15 @@ def checkpointed_map(
             interrupted ones again. False runs everything anew; the old ledger is then kept beside
             the new one as ``<name>.<UTC time>.bak``.
         execution: ``"serial"`` to run the tasks here one after another; ``"dask"`` to run each
-            as a Dask task on a worker carrying ``resources``; ``"processes"`` (device groups of a
-            multi-process JAX run) arrives with the distributed runtime.
-        device_groups: disjoint JAX submeshes for ``"processes"``; must be None otherwise.
+            as a Dask task on a worker carrying ``resources``; ``"processes"`` to run each task on
+            one device group of a multi-process JAX run (``ds.distributed.initialize``), on the
+            processes that own the group, with the ledger written by process 0 (every process
+            calls ``checkpointed_map`` with the same items and gets the same result; in a single
+            process it runs the tasks here, one group after another).
+        device_groups: for ``"processes"``: disjoint JAX submeshes (``ds.mesh_groups``), or None
+            for each device its own group. Task ``i`` of those to run goes to group
+            ``i % len(groups)``; while it runs, :func:`device_group` returns its mesh and a
+            one-device group is JAX's default device. Must be None for other executions.
         on_conflict: ``"error"`` to refuse a ledger that recorded a ``task_id`` for a different
             item, or ``"restart"`` to discard that ledger (kept beside it as a ``.bak``).
         client: for ``"dask"``: the Dask client to use. None takes the active client, or else
@@ -480,7 +487,7 @@ def checkpointed_map(
             ``task_id``, or options that do not apply to the chosen execution.
         TypeError: for a non-callable ``fn``, an item without a string ``task_id``, or an item
             that cannot be fingerprinted stably.
-        NotImplementedError: for ``execution="processes"``.
+        ValueError: for ``execution="processes"``: device groups that are not disjoint meshes.
         diffsoup.store.LedgerError: if the existing ledger cannot be read or is damaged (the
             file is left untouched).
         diffsoup.store.LedgerConflictError: with ``on_conflict="error"``, if the ledger recorded
@@ -489,12 +496,7 @@ def checkpointed_map(
     """
     if execution not in EXECUTIONS:
         raise ValueError(f"execution={execution!r} is not one of {EXECUTIONS}.")
-    if execution == "processes":
-        raise NotImplementedError(
-            "execution='processes' (tasks on JAX device groups of a multi-process run) arrives with "
-            "the distributed runtime (ds.distributed.run); use execution='serial' or 'dask' for now."
-        )
-    if device_groups is not None:
+    if device_groups is not None and execution != "processes":
         raise ValueError(f"device_groups applies to execution='processes', not execution={execution!r}.")
     if on_conflict not in CONFLICT_POLICIES:
         raise ValueError(f"on_conflict={on_conflict!r} is not one of {CONFLICT_POLICIES}.")
@@ -502,10 +504,11 @@ def checkpointed_map(
         raise TypeError(f"resume must be True or False, not {resume!r}.")
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {type(fn).__name__}.")
-    if execution == "serial":
+    if execution in ("serial", "processes"):
         for name, value in (("client", client), ("resources", resources)):
             if value is not None:
-                raise ValueError(f"{name}= applies to execution='dask', not execution='serial'.")
+                raise ValueError(f"{name}= applies to execution='dask', not execution={execution!r}.")
+    groups = _check_device_groups(device_groups) if execution == "processes" else None
     resources = _check_resources(DEFAULT_RESOURCES if resources is None else resources)
     if no_worker_timeout is not None and (
         isinstance(no_worker_timeout, bool)
@@ -523,6 +526,9 @@ def checkpointed_map(
             raise TypeError(f"task {task_id!r}: {exc}") from exc
 
     path = Path(ledger_path)
+    if execution == "processes":
+        return _run_processes(fn, by_id, fingerprints, path, groups, resume=resume, on_conflict=on_conflict,
+                              progress=progress)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     with ledger_lock(path):
         remove_stale_temporaries(path)
@@ -685,16 +691,21 @@ def _run_dask(
         # Subscribed before submitting: the scheduler handles a client's messages in order, so
         # no start event can be missed.
         client.subscribe_topic(topic, lambda event: events.put(("start", event[1])))
-        submitted = client.map(
-            _run_on_worker,
-            [by_id[task_id] for task_id in to_run],
-            to_run,
-            key=[f"diffsoup-{task_id}-{suffix}" for task_id in to_run],
-            resources=dict(resources) or None,
-            pure=False,
-            fn=fn,
-            topic=topic,
-        )
+        from distributed.spans import span
+
+        # One span per campaign on the dashboard, named by the task function.
+        span_name = f"diffsoup-campaign-{getattr(fn, '__name__', 'task')}"
+        with span(span_name):
+            submitted = client.map(
+                _run_on_worker,
+                [by_id[task_id] for task_id in to_run],
+                to_run,
+                key=[f"diffsoup-{task_id}-{suffix}" for task_id in to_run],
+                resources=dict(resources) or None,
+                pure=False,
+                fn=fn,
+                topic=topic,
+            )
         futures = {future.key: (task_id, future) for task_id, future in zip(to_run, submitted)}
         for future in submitted:
             future.add_done_callback(lambda f: events.put(("done", f)))
@@ -863,3 +874,186 @@ def _fail_unrunnable(
         campaign.finish(task_id, {"ok": False, "error": error, "traceback": None, "finished": now_iso()})
         failed.append(task_id)
     return failed
+
+
+# --------------------------------------------------------------------------------------------
+# Device groups of a multi-process JAX run
+# --------------------------------------------------------------------------------------------
+
+import contextvars  # noqa: E402
+
+_CURRENT_GROUP: contextvars.ContextVar = contextvars.ContextVar("diffsoup_device_group", default=None)
+_CAMPAIGN_COUNTER = [0]
+_KV_WAIT_MS = 24 * 3_600_000
+
+
+def device_group():
+    """The device group (a ``jax.sharding.Mesh``) of the task running now under
+    ``checkpointed_map(..., execution="processes")``, or None outside such a task."""
+    return _CURRENT_GROUP.get()
+
+
+def _check_device_groups(device_groups: Any) -> tuple:
+    """The groups as a tuple of meshes: None gives each device (of every process) its own group."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    if device_groups is None:
+        return tuple(Mesh(np.asarray([d], dtype=object), ("data",)) for d in jax.devices())
+    if isinstance(device_groups, Mesh):
+        device_groups = (device_groups,)
+    groups = tuple(device_groups)
+    if not groups:
+        raise ValueError("device_groups is empty; give meshes from ds.mesh_groups, or None for one device each.")
+    seen: dict = {}
+    for g, mesh in enumerate(groups):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"device_groups[{g}] is a {type(mesh).__name__}; give jax.sharding.Mesh objects "
+                            "(ds.mesh_groups(mesh, sizes)).")  # fmt: skip
+        for d in mesh.devices.flat:
+            if d.id in seen:
+                raise ValueError(f"device {d} is in device groups {seen[d.id]} and {g}; groups must be disjoint.")
+            seen[d.id] = g
+    return groups
+
+
+def _run_in_group(fn: Callable, item: Any, task_id: str, mesh) -> dict[str, Any]:
+    import jax
+
+    token = _CURRENT_GROUP.set(mesh)
+    try:
+        devices = list(mesh.devices.flat)
+        with contextlib.ExitStack() as stack:
+            if len(devices) == 1:
+                stack.enter_context(jax.default_device(devices[0]))
+            return _execute(fn, item, task_id)
+    finally:
+        _CURRENT_GROUP.reset(token)
+
+
+def _run_processes(
+    fn: Callable,
+    by_id: Mapping[str, Any],
+    fingerprints: Mapping[str, str],
+    path: Path,
+    groups: tuple,
+    *,
+    resume: bool,
+    on_conflict: str,
+    progress: bool,
+) -> CampaignResult:
+    """``execution="processes"``: the plan and the outcomes travel through the JAX coordinator's
+    key-value store; process 0 alone opens, locks and writes the ledger."""
+    import hashlib
+
+    from ._runtime import process_count, process_index
+
+    nproc, me = process_count(), process_index()
+    kv = None
+    if nproc > 1:
+        from jax._src import distributed as _jd
+
+        kv = _jd.global_state.client
+    serial = _CAMPAIGN_COUNTER[0]
+    _CAMPAIGN_COUNTER[0] += 1
+    digest = hashlib.sha256(json.dumps([str(path), sorted(fingerprints.items())]).encode()).hexdigest()[:16]
+    prefix = f"diffsoup/campaign/{serial}/{digest}"
+    worker = f"{socket.gethostname()} pid {os.getpid()} process {me}"
+    order = list(by_id)
+
+    def owners(mesh) -> list[int]:
+        return sorted({d.process_index for d in mesh.devices.flat})
+
+    def run_mine(to_run: list[str], on_done: Callable[[str, dict], None]) -> None:
+        for i, task_id in enumerate(to_run):
+            mesh = groups[i % len(groups)]
+            procs = owners(mesh)
+            if me not in procs:
+                continue
+            started = now_iso()
+            outcome = _run_in_group(fn, by_id[task_id], task_id, mesh)
+            outcome.update(started=started, worker=worker)
+            if me == procs[0]:
+                on_done(task_id, outcome)
+
+    if me != 0:
+        to_run = json.loads(kv.blocking_key_value_get_bytes(f"{prefix}/plan", _KV_WAIT_MS).decode())
+        if to_run is None:  # process 0 failed to open the ledger
+            raise LedgerError(f"process 0 could not open the ledger {path}; see its error.")
+        run_mine(to_run, lambda task_id, outcome: kv.key_value_set_bytes(
+            f"{prefix}/out/{task_id}", json.dumps(outcome).encode()))  # fmt: skip
+        records = json.loads(kv.blocking_key_value_get_bytes(f"{prefix}/final", _KV_WAIT_MS).decode())
+        recs = tuple(TaskRecord.from_dict(r) for r in records)
+        return CampaignResult({r.task_id: r.result for r in recs if r.state == "accepted"},
+                              {r.task_id: r for r in recs if r.state == "failed"}, recs)  # fmt: skip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = ledger_lock(path)
+        lock.__enter__()
+    except BaseException:
+        if kv is not None:
+            kv.key_value_set_bytes(f"{prefix}/plan", b"null")
+        raise
+    try:
+        try:
+            remove_stale_temporaries(path)
+            ledger = _open_ledger(path, fingerprints, resume=resume, on_conflict=on_conflict,
+                                  function=_qualified_name(fn))  # fmt: skip
+            for task_id, fp in fingerprints.items():
+                record = ledger.get(task_id)
+                if record is None:
+                    ledger.set(task_id, new_record(task_id, fp))
+                elif record["state"] == "running":
+                    record["state"] = "pending"
+                    ledger.set(task_id, record)
+        except BaseException:
+            if kv is not None:
+                kv.key_value_set_bytes(f"{prefix}/plan", b"null")
+            raise
+        to_run = [task_id for task_id in order if ledger.get(task_id)["state"] != "accepted"]
+        if kv is not None:
+            kv.key_value_set_bytes(f"{prefix}/plan", json.dumps(to_run).encode())
+        bar = _Progress(len(order), len(order) - len(to_run), 0, progress)
+        campaign = _Campaign(ledger, order, to_run, bar)
+        leader = {task_id: owners(groups[i % len(groups)])[0] for i, task_id in enumerate(to_run)}
+        try:
+            campaign.save_and_show()
+
+            def settle(task_id: str, outcome: dict) -> None:
+                campaign.mark_running(task_id, started=outcome["started"], worker=outcome["worker"])
+                campaign.finish(task_id, outcome)
+                campaign.save_and_show()
+
+            def collect(block: bool) -> None:
+                for task_id in to_run:
+                    if leader[task_id] == 0 or campaign._states[task_id] in ("accepted", "failed"):
+                        continue
+                    key = f"{prefix}/out/{task_id}"
+                    if block:
+                        blob = kv.blocking_key_value_get_bytes(key, _KV_WAIT_MS)
+                    else:
+                        try:
+                            blob = kv.key_value_try_get_bytes(key)
+                        except Exception:  # not there yet
+                            continue
+                    kv.key_value_delete(key)
+                    settle(task_id, json.loads(blob.decode()))
+
+            def on_mine(task_id: str, outcome: dict) -> None:
+                settle(task_id, outcome)
+                if kv is not None:
+                    collect(block=False)
+
+            run_mine(to_run, on_mine)
+            if kv is not None:
+                collect(block=True)
+        finally:
+            bar.close()
+        result = campaign.result()
+        if kv is not None:
+            kv.key_value_set_bytes(f"{prefix}/final", json.dumps([dataclasses.asdict(r) for r in result.records]).encode())
+        return result
+    finally:
+        lock.__exit__(None, None, None)

@@ -15,10 +15,14 @@ from ._fit import fit as fit
 from ._lower import LoweredStudy as LoweredStudy
 from ._lower import default_block_limit as default_block_limit
 from ._lower import lower as lower
+from ._multishoot import Multishoot as Multishoot
 from ._problem import InferenceProblem as InferenceProblem
 from ._problem import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study
+from ._windows import prepare_windows as prepare_windows
+from ._windows import reset_window_solves as reset_window_solves
+from ._windows import window_solves as window_solves
 
 # name -> module that defines it, loaded on first attribute access.
 _LAZY = {

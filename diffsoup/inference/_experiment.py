@@ -55,6 +55,9 @@ class Experiment:
         groups: level name -> the member of that level this experiment belongs to (e.g.
             ``{"site": "A", "patient": "A-7"}``); needed for every level of the study.
         t0: initial time of the solve.
+        trajectory: how the experiment is solved in a fit: None for single shooting (one solve
+            from ``t0``), or a :class:`~diffsoup.inference.Multishoot` (windows whose starts are
+            fitted too). ``experiment.with_trajectory(...)`` gives a copy with another one.
 
     Raises:
         ValueError: naming the experiment and the field, for times out of order, negative or not
@@ -76,6 +79,7 @@ class Experiment:
         y0: Any = None,
         groups: Mapping[str, str] | None = None,
         t0: float = 0.0,
+        trajectory: Any = None,
     ):
         if not isinstance(id, str) or not id:
             raise ValueError(f"Experiment id must be a non-empty string, not {id!r}.")
@@ -166,6 +170,20 @@ class Experiment:
         for k, v in self.groups.items():
             if not isinstance(k, str) or not isinstance(v, str) or not k or not v:
                 raise ValueError(f"{where}: groups maps level names to member names (strings); got {k!r}: {v!r}.")
+        self.trajectory = None
+        if trajectory is not None:
+            self.trajectory = self.with_trajectory(trajectory).trajectory
+
+    def with_trajectory(self, trajectory: Any) -> "Experiment":
+        """A copy of this experiment solved with ``trajectory`` (None: single shooting).
+
+        Raises:
+            TypeError: for a trajectory that is not a ``Multishoot`` or None.
+            ValueError: if its windows do not fit the experiment's time span.
+        """
+        from ._multishoot import with_trajectory
+
+        return with_trajectory(self, trajectory)
 
     @property
     def n_measured(self) -> int:
@@ -177,7 +195,9 @@ class Experiment:
         return int(self.data.shape[1])
 
     def __repr__(self) -> str:
-        return f"Experiment({self.id!r}, times={self.times.shape[0]}, observables={self.n_observables}, measured={self.n_measured})"
+        shoot = "" if self.trajectory is None else f", windows={self.trajectory.n_windows}"
+        return (f"Experiment({self.id!r}, times={self.times.shape[0]}, observables={self.n_observables}, "
+                f"measured={self.n_measured}{shoot})")  # fmt: skip
 
 
 def _float_mapping(values, where, field):

@@ -74,6 +74,8 @@ class FitResult:
         method: ``"trf"`` or ``"lbfgsb"``.
         seconds: total wall time; n_evaluations: total objective evaluations.
         theta_names: order of ``theta``.
+        window_starts: multiple-shooting experiments' fitted window starts, id -> ``(W-1, n)``
+            (linear scale; empty for single shooting).
     """
 
     parameters: dict
@@ -87,6 +89,7 @@ class FitResult:
     seconds: float
     n_evaluations: int
     theta_names: tuple
+    window_starts: dict = dataclasses.field(default_factory=dict)
 
     @property
     def message(self) -> str:
@@ -123,9 +126,12 @@ def fit(
         method: ``"trf"`` (least squares on residuals and forward-sensitivity Jacobians, bounded)
             or ``"lbfgsb"`` (value and adjoint gradient, bounded).
         starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
-            of start points (scaled).
+            of start points (scaled). Window starts of multiple-shooting experiments (and any
+            other coordinate without finite bounds) are not sampled: every start takes their
+            prepared values (``low.nominal``); an array ``(s, n_parameters)`` is completed with them.
         seed: seed of the Latin hypercube.
-        x0: an extra first start: theta (scaled) or a mapping of linear values by name.
+        x0: an extra first start: theta (scaled; the parameters alone are completed with the prepared
+            window starts) or a mapping of linear values by name.
         max_nfev: most evaluations per start (None: scipy's default).
         ftol, xtol, gtol: scipy's tolerances (``ftol``/``gtol`` map to L-BFGS-B's ``ftol``/``pgtol``).
         failure_residual: residual value put in place of a failed experiment's residuals (TRF).
@@ -145,18 +151,31 @@ def fit(
     prob = low.problem
     k = prob.n_theta
     lo, hi = np.asarray(low.lower, float), np.asarray(low.upper, float)
+    n_par = getattr(prob, "n_parameters", k)
+    nominal = np.asarray(low.nominal, float)
+
+    def complete(x):
+        return np.concatenate([x, np.broadcast_to(nominal[n_par:], x.shape[:-1] + (k - n_par,))], axis=-1)
+
     if isinstance(starts, (int, np.integer)) and not isinstance(starts, bool):
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
-        points = latin_hypercube(lo, hi, int(starts), seed) if starts else np.zeros((0, k))
+        points = np.repeat(nominal[None], int(starts), axis=0)
+        sampled = np.isfinite(lo) & np.isfinite(hi)
+        if starts and np.any(sampled):
+            points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], int(starts), seed)
     else:
         points = np.atleast_2d(np.asarray(starts, dtype=np.float64))
+        if points.shape[1:] == (n_par,) and n_par < k:
+            points = complete(points)
         if points.shape[1:] != (k,):
             raise ValueError(f"fit: starts has shape {points.shape}; expected (s, {k}) for {list(prob.theta_names)}.")
     if x0 is not None:
         first = prob.theta_of(x0) if isinstance(x0, dict) else np.asarray(x0, dtype=np.float64)
+        if first.shape == (n_par,) and n_par < k:
+            first = complete(first)
         if first.shape != (k,):
-            raise ValueError(f"fit: x0 has shape {first.shape}; expected ({k},).")
+            raise ValueError(f"fit: x0 has shape {first.shape}; expected ({k},) or ({n_par},) (the parameters).")
         points = np.vstack([first[None], points])
     if np.any(points < lo) or np.any(points > hi):
         raise ValueError("fit: a start point lies outside the bounds [lower, upper] (scaled coordinates).")
@@ -186,6 +205,7 @@ def fit(
         seconds=time.perf_counter() - t_all,
         n_evaluations=sum(r.n_evaluations for r in results),
         theta_names=prob.theta_names,
+        window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
     )
 
 

@@ -273,7 +273,9 @@ class LoweredStudy:
 
         def lanes(theta, arrs, *, forward, residuals):
             full = ip.full_vector(theta)
-            return jax.vmap(lambda a: ip.lane(group, full, a, forward=forward, residuals=residuals))(arrs)
+            return jax.vmap(
+                lambda a: ip.lane(group, full, a, forward=forward, residuals=residuals, theta=theta)
+            )(arrs)
 
         def total(theta, arrs):
             v, st, steps = lanes(theta, arrs, forward=False, residuals=False)

@@ -11,6 +11,11 @@ Residuals for Gauss-Newton are the ``r`` above, plus, for an estimated sigma und
 more residual per measured value, ``sqrt(2 log sigma + K)``, so that ``value = scale * ||r||^2 +
 offset`` exactly (``scale`` 0.5 for ``"nll"``, 1 for ``"chi2"``; ``K`` makes the root real over
 the sigma parameter's bounds: ``K = 1 - 2 log(lower)`` at least, see ``sigma_shift``).
+
+A multiple-shooting experiment (``Experiment.trajectory`` a ``Multishoot``) is solved window by
+window from its fitted window starts (extra entries of ``theta``); its continuity residuals
+``c = weight * (y_w(end) - s_{w+1}) / state_scale`` follow its other residuals and enter the value
+as ``scale * sum(c^2)``, so the identity above still holds.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ._experiment import LogNormal
+from ._multishoot import trajectory_signature, window_layout
 from ._study import Study, entries_by_name
 
 OBJECTIVES = ("nll", "chi2")
@@ -63,11 +69,15 @@ class Group:
     k: int
     n_times: int
     members: tuple  # indices into study.experiments
+    windows: int | None = None  # multiple shooting: windows per experiment (None: single shooting)
+    window_points: int = 0  # most output times of a window (its measurements and its end)
+    n_states: int = 0
 
     @property
     def n_residuals(self) -> int:
-        """Residuals per experiment."""
-        return self.n_times * self.k * (2 if self.estimated_sigma else 1)
+        """Residuals per experiment (data, estimated-sigma terms, continuity of the windows)."""
+        cont = (self.windows - 1) * self.n_states if self.windows else 0
+        return self.n_times * self.k * (2 if self.estimated_sigma else 1) + cont
 
 
 class InferenceProblem:
@@ -84,9 +94,17 @@ class InferenceProblem:
             name), for the fixed parameters and as the nominal point.
         solver: :class:`SolverOptions`.
 
+    Experiments carrying a :class:`~diffsoup.inference.Multishoot` add their window starts to
+    ``theta`` after the parameters (linear scale, named ``"<experiment id>.window<w>[<state>]"``),
+    first guessed by :func:`~diffsoup.inference.prepare_windows`'s path: loaded from the window
+    store, or computed at ``values`` and stored. Their continuity residuals follow the data
+    residuals of each experiment.
+
     Attributes:
         theta_names: the estimated entries, in the order of the optimizer vector ``theta``
-            (each on its parameter's scale).
+            (each on its parameter's scale), then the window starts.
+        n_parameters: how many of ``theta`` are parameters (the rest are window starts).
+        window_keys: experiment id -> store key of its window starts.
         lower, upper, nominal: bounds and nominal point of ``theta`` (scaled).
         scale: ``value = scale * ||residuals||^2 + offset``.
 
@@ -154,10 +172,54 @@ class InferenceProblem:
             )
         lows = [study.entries[i].parameter.lower for i in sigma_entries]
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
+        self._windows_init()
         self.groups = self._group()
         self.offset = float(sum(self._constant(e) for e in study.experiments)) - 0.5 * self.sigma_shift * sum(
             e.n_measured for e in study.experiments if isinstance(e.noise.sigma, str)
         )
+
+    # -- multiple shooting -----------------------------------------------------------------------
+    def _windows_init(self):
+        from ._windows import window_starts
+
+        study = self.study
+        n = study.problem.n_states
+        self.n_parameters = len(self.theta_names)
+        self.window_offset: dict = {}
+        self.window_keys: dict = {}
+        names, lows, highs, starts = [], [], [], []
+        offset = self.n_parameters
+        for e in study.experiments:
+            traj = e.trajectory
+            if traj is None:
+                continue
+            traj.scales(n)
+            key, s = window_starts(study, self.values, self.solver, e)
+            self.window_keys[e.id] = key
+            self.window_offset[e.id] = offset
+            offset += s.size
+            for w in range(s.shape[0]):
+                names.extend(f"{e.id}.window{w + 1}[{state}]" for state in study.problem.state_names)
+            lows.append(np.full(s.size, float(traj.lower)))
+            highs.append(np.full(s.size, float(traj.upper)))
+            starts.append(np.clip(s.reshape(-1), traj.lower, traj.upper))
+        if names:
+            self.theta_names = self.theta_names + tuple(names)
+            self.lower = np.concatenate([self.lower, *lows])
+            self.upper = np.concatenate([self.upper, *highs])
+            self.nominal = np.concatenate([self.nominal, *starts])
+
+    def window_values(self, theta) -> dict:
+        """Window starts of each multiple-shooting experiment at ``theta``: id -> ``(W-1, n)``."""
+        theta = np.asarray(theta, dtype=np.float64)
+        n = self.study.problem.n_states
+        out = {}
+        for e in self.study.experiments:
+            if e.id in self.window_offset:
+                o = self.window_offset[e.id]
+                W = e.trajectory.n_windows
+                out[e.id] = theta[o : o + (W - 1) * n].reshape(W - 1, n).copy()
+        return out
 
     # -- parameters -----------------------------------------------------------------------------
     @property
@@ -181,7 +243,7 @@ class InferenceProblem:
         return out
 
     def parameter_values(self, theta) -> dict:
-        """Linear values of the estimated entries, by name."""
+        """Linear values of the estimated entries, by name (window starts: :meth:`window_values`)."""
         theta = np.asarray(theta, dtype=np.float64)
         return {n: float(self.study.entries[i].parameter.from_scale(t))
                 for n, i, t in zip(self.theta_names, self.estimated, theta)}  # fmt: skip
@@ -203,12 +265,15 @@ class InferenceProblem:
         keys: dict = {}
         for i, e in enumerate(self.study.experiments):
             key = (id(e.observables) if e.observables is not None else None, isinstance(e.noise, LogNormal),
-                   isinstance(e.noise.sigma, str), e.n_observables)  # fmt: skip
+                   isinstance(e.noise.sigma, str), e.n_observables, trajectory_signature(e.trajectory))  # fmt: skip
             keys.setdefault(key, []).append(i)
         out = []
-        for (_, logn, est, k), members in keys.items():
+        n = self.study.problem.n_states
+        for (_, logn, est, k, (windows,)), members in keys.items():
             exps = [self.study.experiments[i] for i in members]
-            out.append(Group(exps[0].observables, logn, est, k, max(e.times.shape[0] for e in exps), tuple(members)))
+            points = max(window_layout(e, e.trajectory)[3].shape[1] for e in exps) if windows else 0
+            out.append(Group(exps[0].observables, logn, est, k, max(e.times.shape[0] for e in exps), tuple(members),
+                             windows, points, n if windows else 0))  # fmt: skip
         return tuple(out)
 
     def _constant(self, e) -> float:
@@ -235,6 +300,13 @@ class InferenceProblem:
             "p_entry": np.full((n_lanes, n_par), -1, dtype=np.int32), "p_fixed": np.zeros((n_lanes, n_par)),
             "const": np.zeros(n_lanes), "valid": np.zeros(n_lanes, dtype=bool),
         }  # fmt: skip
+        W, P, n = group.windows, group.window_points, study.problem.n_states
+        if W:
+            arr.update({
+                "win_t0": np.zeros((n_lanes, W)), "win_times": np.zeros((n_lanes, W, P)),
+                "win_of": np.zeros((n_lanes, m), dtype=np.int32), "win_pos": np.zeros((n_lanes, m), dtype=np.int32),
+                "win_idx": np.zeros((n_lanes, W - 1, n), dtype=np.int32), "cont_w": np.zeros((n_lanes, n)),
+            })  # fmt: skip
         for lane, idx in enumerate(order):
             real = idx >= 0
             e = study.experiments[idx if real else pad_source]
@@ -253,6 +325,16 @@ class InferenceProblem:
                 arr["sigma"][lane, :mi] = e.sigma
             arr["sigma_entry"][lane] = max(r["sigma_entry"], 0)
             arr["y0"][lane] = r["y0"]
+            if W:
+                edges, wof, pos, wt = window_layout(e, e.trajectory)
+                arr["win_t0"][lane] = edges[:-1]
+                arr["win_times"][lane] = wt[:, -1:]
+                arr["win_times"][lane, :, : wt.shape[1]] = wt
+                arr["win_of"][lane, :mi] = wof
+                arr["win_pos"][lane, :mi] = pos
+                o = self.window_offset[e.id]
+                arr["win_idx"][lane] = np.arange(o, o + (W - 1) * n).reshape(W - 1, n)
+                arr["cont_w"][lane] = e.trajectory.continuity_weight / e.trajectory.scales(n)
             for j, (kind, v) in enumerate(r["plan"]):
                 if kind == "entry":
                     arr["p_entry"][lane, j] = v
@@ -261,8 +343,9 @@ class InferenceProblem:
         return arr
 
     # -- the per-experiment terms (JAX) ----------------------------------------------------------
-    def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool):
-        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+    def states(self, group: Group, full, a: dict, theta=None, *, forward: bool = True):
+        """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
+        (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
         import jax
         import jax.numpy as jnp
 
@@ -272,12 +355,61 @@ class InferenceProblem:
         opts = self.solver
         pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
         adjoint = ForwardMode() if forward else CheckpointAdjoint(opts.checkpoints)
-        sol = simulate(problem, a["y0"], a["times"], pv, t0=a["t0"], rtol=opts.rtol, atol=opts.atol,
-                       max_steps=opts.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
-        ys = sol.ys
+
+        def solve(y0, times, t0):
+            return simulate(problem, y0, times, pv, t0=t0, rtol=opts.rtol, atol=opts.atol,
+                            max_steps=opts.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
+
+        if not group.windows:
+            sol = solve(a["y0"], a["times"], a["t0"])
+            return sol.ys, sol.status, sol.stats["n_steps"], None
+        if theta is None:
+            raise ValueError("InferenceProblem.states: a multiple-shooting group needs theta (the window starts).")
+        starts = jnp.asarray(theta)[a["win_idx"]]
+        y0s = jnp.concatenate([a["y0"][None].astype(starts.dtype), starts], axis=0)
+        sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
+        ys = sol.ys[a["win_of"], a["win_pos"]]
+        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"]
+        return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
+
+    def trajectories(self, theta) -> dict:
+        """States at the measurement times at ``theta``: experiment id -> ``(m, n)`` (numpy).
+
+        Multiple-shooting experiments are predicted window by window, from their window starts in
+        ``theta``, as in the objective.
+        """
+        import jax
+
+        theta = np.asarray(theta, dtype=np.float64)
+        full = self.full_vector(theta)
+        out = {}
+        for group in self.groups:
+            arrs = self.pack(group, list(group.members))
+
+            def one(a, group=group):
+                ys, status, _, _ = self.states(group, full, a, theta, forward=True)
+                return ys, status
+
+            ys, status = jax.device_get(jax.jit(jax.vmap(one))(arrs))
+            for lane, i in enumerate(group.members):
+                e = self.study.experiments[i]
+                y = np.array(ys[lane, : e.times.shape[0]], dtype=np.float64)
+                if int(status[lane]) != 0:
+                    y[:] = np.nan
+                out[e.id] = y
+        return out
+
+    def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
+        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+        import jax
+        import jax.numpy as jnp
+
+        problem = self.study.problem
+        ys, status, n_steps, cont = self.states(group, full, a, theta, forward=forward)
         if group.observables is None:
             h = ys
         else:
+            pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
             pdict = problem.params_dict(pv)
             h = jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
         mask = a["mask"]
@@ -291,21 +423,25 @@ class InferenceProblem:
         else:
             pred, meas = h, a["data"]
         r = jnp.where(mask, (pred - meas) / sigma, 0.0)
-        ok = sol.status == 0
+        ok = status == 0
         bad = jnp.asarray(jnp.nan, r.dtype)
         if residuals:
             parts = [r.reshape(-1)]
             if group.estimated_sigma:
                 safe = jnp.where(mask, 2.0 * jnp.log(sigma) + self.sigma_shift, 1.0)
                 parts.append(jnp.where(mask, jnp.sqrt(safe), 0.0).reshape(-1))
+            if cont is not None:
+                parts.append(cont.reshape(-1).astype(r.dtype))
             out = jnp.concatenate(parts)
             out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
         else:
             v = self.scale * jnp.sum(r * r) + a["const"]
             if group.estimated_sigma:
                 v = v + jnp.sum(jnp.where(mask, jnp.log(sigma), 0.0))
+            if cont is not None:
+                v = v + self.scale * jnp.sum(cont * cont)
             out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
-        return out, sol.status, sol.stats["n_steps"]
+        return out, status, n_steps
 
     def __repr__(self) -> str:
         return f"InferenceProblem({self.study!r}, objective={self.objective!r}, theta={list(self.theta_names)})"

@@ -1,6 +1,6 @@
-"""Stores: the JSON ledger of campaigns (and, beside it, the Zarr stores of windows and results).
+"""Stores: the JSON ledger of campaigns, and beside it the Zarr stores of window starts and results.
 
-Importing this package imports neither Dask nor zarr.
+Importing this package imports neither Dask nor zarr: the Zarr stores load on first access.
 """
 
 from ._ledger import LEDGER_VERSION as LEDGER_VERSION
@@ -12,3 +12,27 @@ from ._ledger import LedgerLockedError as LedgerLockedError
 from ._ledger import backup_ledger as backup_ledger
 from ._ledger import fingerprint as fingerprint
 from ._ledger import write_text_durably as write_text_durably
+
+# name -> module that defines it, loaded on first attribute access (keeps zarr out of the import).
+_LAZY = {
+    "WindowStore": "diffsoup.store._windows",
+    "WindowStoreWarning": "diffsoup.store._windows",
+    "cache_dir": "diffsoup.store._windows",
+    "write_fit": "diffsoup.store._results",
+    "read_fit": "diffsoup.store._results",
+}
+
+
+def __getattr__(name):
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

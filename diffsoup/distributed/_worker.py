@@ -1,0 +1,105 @@
+"""Dask worker set-up for diffsoup: a preload module and a worker plugin doing the same thing.
+
+Start your own workers with ``dask worker ... --nthreads 1 --resources GPU=1 --preload
+diffsoup.distributed._worker`` (one worker process per GPU); ``ds.distributed.run`` passes the
+preload to the workers it starts and registers :class:`DiffsoupWorkerPlugin` on any cluster.
+
+The set-up, before the worker's JAX starts where possible:
+
+- ``JAX_ENABLE_X64=1`` unless set (float64 is diffsoup's default policy);
+- :func:`diffsoup.distributed.configure` (XLA flags and allocator settings, only what is unset);
+- a persistent JAX compilation cache shared by the workers: ``DIFFSOUP_JAX_CACHE_DIR``, else
+  ``$DIFFSOUP_CACHE_DIR/jax``, else ``<tmp>/diffsoup-jax-cache-<uid>``;
+- with ``JAX_PLATFORMS`` naming cuda or gpu, JAX's devices are listed at start, so a worker whose
+  GPU cannot be used fails at start with a clear error instead of computing on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from ._runtime import configure
+
+PLUGIN_NAME = "diffsoup-worker"
+
+
+def default_cache_dir() -> str:
+    """The persistent JAX compilation cache directory shared by diffsoup's workers."""
+    if os.environ.get("DIFFSOUP_JAX_CACHE_DIR"):
+        return os.environ["DIFFSOUP_JAX_CACHE_DIR"]
+    if os.environ.get("DIFFSOUP_CACHE_DIR"):
+        return os.path.join(os.environ["DIFFSOUP_CACHE_DIR"], "jax")
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"diffsoup-jax-cache-{uid}")
+
+
+class GPUUnavailableError(RuntimeError):
+    """A worker asked for a GPU platform (``JAX_PLATFORMS``) that JAX cannot start."""
+
+
+def setup_worker_environment(cache_dir: str | None = None) -> None:
+    """Prepare this process to run diffsoup's tasks (see the module docstring).
+
+    Raises:
+        GPUUnavailableError: if ``JAX_PLATFORMS`` names cuda/gpu and JAX cannot start it.
+    """
+    os.environ.setdefault("JAX_ENABLE_X64", "1")
+    configure()
+    import jax
+
+    if os.environ["JAX_ENABLE_X64"].strip().lower() in ("1", "true", "yes", "on"):
+        jax.config.update("jax_enable_x64", True)
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if any(p in platforms for p in ("cuda", "gpu")):
+        try:
+            devices = jax.devices()
+        except Exception as exc:  # RuntimeError, or an AssertionError from a backend that failed to start
+            raise GPUUnavailableError(
+                f"diffsoup worker: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} asks for a GPU, but JAX cannot "
+                f"start one on this machine ({type(exc).__name__}: {exc}). Check the GPU, CUDA_VISIBLE_DEVICES and the jax CUDA plugin, "
+                "or start CPU workers without JAX_PLATFORMS=cuda."
+            ) from exc
+        if not any(d.platform == "gpu" for d in devices):
+            raise GPUUnavailableError(
+                f"diffsoup worker: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} but JAX sees only {devices}."
+            )
+    directory = cache_dir or default_cache_dir()
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
+def dask_setup(worker: Any = None) -> None:
+    """Dask's preload hook: runs in the worker process before the worker starts.
+
+    Dask logs a preload's exception and starts the worker anyway; a worker whose GPU is unusable
+    must not compute on CPU, so this ends the worker process (``SystemExit`` with the message).
+    """
+    try:
+        setup_worker_environment()
+    except GPUUnavailableError as exc:
+        import sys
+
+        print(f"{exc}", file=sys.stderr, flush=True)
+        raise SystemExit(f"diffsoup worker not started: {exc}") from exc
+
+
+try:  # the plugin class needs distributed; this module is only imported on a Dask path
+    from distributed.diagnostics.plugin import WorkerPlugin
+except ImportError:  # pragma: no cover
+    WorkerPlugin = object  # type: ignore[assignment,misc]
+
+
+class DiffsoupWorkerPlugin(WorkerPlugin):  # type: ignore[misc,valid-type]
+    """Worker plugin running :func:`setup_worker_environment` on every worker, present and future."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, cache_dir: str | None = None):
+        self.cache_dir = cache_dir
+
+    def setup(self, worker: Any) -> None:
+        setup_worker_environment(self.cache_dir)
