@@ -73,9 +73,18 @@ def block(x):
     return jax.block_until_ready(x)
 
 
+def repeats_for(seconds_one_call: float, repeats: int, min_total: float = 1.0, max_repeats: int = 25) -> int:
+    """At least ``repeats``; more for quick calls, so that the timed calls add up to ``min_total``
+    seconds (at most ``max_repeats``): a median of milliseconds is otherwise noise on a busy machine."""
+    if seconds_one_call <= 0:
+        return max_repeats
+    return max(repeats, min(max_repeats, math.ceil(min_total / seconds_one_call)))
+
+
 def timed(fn, repeats: int, *, first: bool = True):
     """Run ``fn`` (which must block until its result is ready) once (the first call: compile +
-    run) and ``repeats`` more times. Returns ``(first_seconds, [steady seconds], last_result)``."""
+    run) and then at least ``repeats`` more times (more for quick calls, see :func:`repeats_for`).
+    Returns ``(first_seconds, [steady seconds], last_result)``."""
     t_first = None
     out = None
     if first:
@@ -83,11 +92,21 @@ def timed(fn, repeats: int, *, first: bool = True):
         out = fn()
         t_first = time.perf_counter() - t
     times = []
-    for _ in range(repeats):
+    count = repeats
+    while len(times) < count:
         t = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t)
+        if len(times) == 1:
+            count = repeats_for(times[0], repeats)
     return t_first, times, out
+
+
+def aot_compile_seconds(fn, *args) -> float:
+    """Seconds to trace, lower and compile ``jax.jit(fn)`` for ``args`` (nothing is run)."""
+    t = time.perf_counter()
+    jax.jit(fn).lower(*args).compile()
+    return time.perf_counter() - t
 
 
 def median(xs):

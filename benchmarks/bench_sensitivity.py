@@ -12,7 +12,8 @@ diffrax runs on ROBER, the network, and the Brusselator at N = 8 only (dense LU:
 forward solve at N = 32 on this machine; ``--diffrax-bruss-n`` to change).
 
 Timing: every function is jitted and compiled ahead of time (``jit(f).lower(p).compile()``: that
-is the compile time reported), then run ``--repeats`` times; the median is reported. Ratios are
+is the compile time reported), then run ``--repeats`` times (more for calls under 1/3 s, up to a
+second of calls or 25 runs); the median is reported. Ratios are
 against the forward solve of the same solver in the same run. The gradient is checked against
 the forward sensitivities contracted with w (relative difference reported).
 
@@ -43,7 +44,7 @@ import time
 import traceback
 from pathlib import Path
 
-from _common import RESULTS, fmt, machine_info, markdown_table, median, write_json  # noqa: E402
+from _common import RESULTS, fmt, machine_info, markdown_table, median, repeats_for, write_json  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -100,11 +101,14 @@ def aot(fn, *args):
 
 
 def run_timed(compiled, args, repeats):
-    times, out = [], None
-    for _ in range(repeats):
+    """Median of at least ``repeats`` runs (more for quick calls: see ``_common.repeats_for``)."""
+    times, out, count = [], None, repeats
+    while len(times) < count:
         t = time.perf_counter()
         out = jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t)
+        if len(times) == 1:
+            count = repeats_for(times[0], repeats)
     return median(times), times, out
 
 

@@ -6,7 +6,10 @@ Problems: ROBER to t = 1e11 (atol = 1e-4 rtol, as in the Test Set) and the 2-D B
 scipy restarts there, diffrax clips its steps to it through ``jump_ts``).
 
 Every figure is measured in this run: wall time is the median of ``--repeats`` steady-state calls
-(compile time, the first call minus that median, is given separately for diffsoup and diffrax),
+(more for calls under 1/3 s, up to a second of calls or 25 calls); compile time is given
+separately for diffsoup and diffrax, twice: the first call minus that median (noisy where a call
+lasts seconds on a busy machine) and an ahead-of-time ``jit(...).lower(...).compile()`` of the same
+solve (no run),
 steps (accepted), LU factorizations (scipy's ``nlu``; diffsoup's ``n_factor``; diffrax's Kvaerno5
 factors once per step attempt, so its count is its attempts), and accuracy as significant correct
 digits (scd, Test Set definition: -log10 of the largest relative error over all states) against the
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from _common import (  # noqa: E402  (sets up sys.path and x64)
     RESULTS,
+    aot_compile_seconds,
     block,
     compile_seconds,
     diffrax_solver,
@@ -127,12 +131,18 @@ def run_case(case, args, log):
 
         first, steady, sol = timed(call, args.repeats)
         st = {k: int(v) for k, v in sol.stats.items()}
+        p_vec = problem.parameter_vector(None)
+        aot_s = aot_compile_seconds(
+            lambda y0_, p_, problem=problem: ds.simulate(problem, y0=y0_, t_eval=[t_end], params=p_, rtol=rtol, atol=atol,
+                                                         discontinuities=discs, adjoint=ds.ForwardMode(), throw=False).ys,
+            jnp.asarray(y0), p_vec)  # fmt: skip
         row = dict(base, solver=label, seconds=median(steady), seconds_all=steady, first_call_seconds=first,
-                   compile_seconds=compile_seconds(first, steady), build_seconds=build_s, steps=st["n_steps"],
+                   compile_seconds=compile_seconds(first, steady), compile_aot_seconds=aot_s, build_seconds=build_s,
+                   steps=st["n_steps"],
                    rejected=st["n_rejected"], lu=st["n_factor"], jac_evals=st["n_jac"], rhs_evals=st["n_rhs"],
                    status=int(sol.status), scd=scd(np.asarray(sol.ys[-1]), y_ref), stats=st)  # fmt: skip
         rows.append(row)
-        log(f"  {label}: {row['seconds']:.3f} s (compile {row['compile_seconds']:.1f} s), {st['n_steps']} steps, "
+        log(f"  {label}: {row['seconds']:.3f} s (compile {row['compile_seconds']:.1f} s, AOT {aot_s:.1f} s), {st['n_steps']} steps, "
             f"{st['n_factor']} LU, scd {row['scd']:.2f}")  # fmt: skip
 
     # --- scipy ------------------------------------------------------------------------------
@@ -161,13 +171,15 @@ def run_case(case, args, log):
 
             first, steady, (y, st, result) = timed(dcall, args.repeats)
             st = {k: int(v) for k, v in st.items()}
+            aot_s = aot_compile_seconds(diffrax_solver(klu_problem, 0.0, t_end, rtol, atol, jump_ts=discs,
+                                                       max_steps=args.diffrax_max_steps), y0j, p)  # fmt: skip
             row = dict(base, solver="diffrax Kvaerno5 (dense LU)", seconds=median(steady), seconds_all=steady,
                        first_call_seconds=first, compile_seconds=compile_seconds(first, steady),
-                       steps=st["num_accepted_steps"], rejected=st["num_rejected_steps"], lu=st["num_steps"],
+                       compile_aot_seconds=aot_s, steps=st["num_accepted_steps"], rejected=st["num_rejected_steps"], lu=st["num_steps"],
                        lu_note="one LU per step attempt (Kvaerno5 factors at its 2nd stage)",
                        status=0 if bool(result) else 1, scd=scd(np.asarray(y), y_ref), stats=st)  # fmt: skip
             rows.append(row)
-            log(f"  diffrax: {row['seconds']:.3f} s (compile {row['compile_seconds']:.1f} s), {row['steps']} steps, "
+            log(f"  diffrax: {row['seconds']:.3f} s (compile {row['compile_seconds']:.1f} s, AOT {aot_s:.1f} s), {row['steps']} steps, "
                 f"scd {row['scd']:.2f}")  # fmt: skip
         except Exception as err:  # noqa: BLE001 - a peer failing is a result, not a crash
             rows.append(dict(base, solver="diffrax Kvaerno5 (dense LU)", error=f"{type(err).__name__}: {err}"))
@@ -216,7 +228,8 @@ def main() -> None:
     info["load_average_at_end"] = os.getloadavg()
     info["total_seconds"] = time.perf_counter() - started
 
-    headers = ["problem", "n", "rtol", "solver", "time [s]", "compile [s]", "steps (rej.)", "LU", "scd", "vs BDF"]
+    headers = ["problem", "n", "rtol", "solver", "time [s]", "compile [s] (1st - steady / AOT)", "steps (rej.)", "LU",
+               "scd", "vs BDF"]  # fmt: skip
     table = []
     for r in rows:
         size = f"{r['n']}" if r["N"] is None else f"{r['n']} (N={r['N']})"
@@ -225,7 +238,8 @@ def main() -> None:
             continue
         steps = f"{r['steps']}" + (f" ({r['rejected']})" if r.get("rejected") is not None else "")
         table.append([r["problem"], size, f"{r['rtol']:g}", r["solver"], fmt(r["seconds"], ".3g"),
-                      fmt(r.get("compile_seconds"), ".2g"), steps, r["lu"], fmt(r["scd"], ".2f"),
+                      (f"{r['compile_seconds']:.1f} / {r['compile_aot_seconds']:.1f}" if r.get("compile_seconds") is not None
+                       else "–"), steps, r["lu"], fmt(r["scd"], ".2f"),
                       fmt(r["speedup_vs_bdf"], ".2f") + "x"])  # fmt: skip
     md = markdown_table(headers, table)
 
