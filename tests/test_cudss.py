@@ -20,12 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
-import scipy.sparse.linalg
 
 import diffsoup as ds
 from diffsoup.linear import _cudss
 from diffsoup.linear import _cudss_build as build
-from diffsoup.model import SparsityPattern
+from linear_helpers import prepared, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = Path(__file__).resolve().parent / "data" / "brusselator32_klu_reference.npz"
@@ -173,20 +172,10 @@ class _StandIn(ds.linear.CuDSS):
 
 
 def _standin_prepared(matrix, solver=None):
-    solver = solver or _StandIn()
-    pattern = SparsityPattern.from_matrix(matrix != 0)
-    values = np.asarray(matrix[pattern.rows, pattern.indices]).reshape(-1)
-    return solver.prepare(pattern, ds.Precision()), jnp.asarray(values), matrix.toarray()
+    return prepared(solver or _StandIn(), matrix)
 
 
-def _solve(prep, values, b, mode, transpose=False):
-    def run(values, b):
-        ws = prep.begin(values, (mode,))
-        fac = prep.factor(ws, values, (mode,))
-        x, fac, info = prep.solve(fac, b, mode, transpose=transpose)
-        return x, info, prep.end(ws, x)
-
-    return jax.jit(run)(values, b)
+_solve = solve
 
 
 def _nonsymmetric(n, seed=0, density=0.02):
@@ -257,10 +246,7 @@ def test_standin_simulate_forward_sensitivities_and_adjoint_match_dense():
 
 
 def _gpu_prepared(matrix, solver=None, precision=None):
-    solver = solver or ds.linear.CuDSS()
-    pattern = SparsityPattern.from_matrix(matrix != 0)
-    values = np.asarray(matrix[pattern.rows, pattern.indices]).reshape(-1)
-    return solver.prepare(pattern, precision or ds.Precision()), jnp.asarray(values), matrix.toarray()
+    return prepared(solver or ds.linear.CuDSS(), matrix, precision)
 
 
 @needs_gpu

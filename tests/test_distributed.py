@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 

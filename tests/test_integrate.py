@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import scipy.integrate
 import scipy.linalg
-import scipy.sparse as sp
 
 import diffsoup as ds
 from diffsoup.examples import (

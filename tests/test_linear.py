@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 import diffsoup as ds
-from diffsoup.model import SparsityPattern
+from linear_helpers import prepared, solve
 
 SOLVERS = [ds.linear.Dense(), ds.linear.KLU()]
 if hasattr(ds.linear, "has_cudss") and ds.linear.has_cudss():
@@ -25,21 +25,8 @@ def _tridiagonal(n, shift):
     return sp.csr_matrix(m)
 
 
-def _prepared(solver, matrix):
-    pattern = SparsityPattern.from_matrix(matrix != 0)
-    values = np.asarray(matrix[pattern.rows, pattern.indices]).reshape(-1)
-    return solver.prepare(pattern, ds.Precision()), jnp.asarray(values), matrix.toarray()
-
-
-def _solve(prep, values, b, mode, transpose=False):
-    def run(values, b):
-        ws = prep.begin(values, (mode,))
-        fac = prep.factor(ws, values, (mode,))
-        x, fac, info = prep.solve(fac, b, mode, transpose=transpose)
-        token = prep.end(ws, x)
-        return x, info, token
-
-    return jax.jit(run)(values, b)
+_prepared = prepared
+_solve = solve
 
 
 WELL = _tridiagonal(64, -1.0)  # diagonally dominant: cond ~ 5

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import diffsoup as ds
-from diffsoup.inference import Multishoot, Parameter, prepare_windows, reset_window_solves, window_solves
+from diffsoup.inference import prepare_windows, reset_window_solves, window_solves
 from diffsoup.store import WindowStore, WindowStoreWarning
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -380,7 +380,28 @@ def _open_ledger(
     on_conflict: str,
     function: str,
 ) -> Ledger:
-    """The ledger to run on: the existing one (checked), or a new one with the old kept as .bak."""
+    """The ledger to run on, with every task registered: the existing one (checked), or a new one
+    with the old kept as .bak. Tasks interrupted while running are pending again."""
+    ledger = _ledger_for(path, fingerprints, resume=resume, on_conflict=on_conflict, function=function)
+    for task_id, fp in fingerprints.items():
+        record = ledger.get(task_id)
+        if record is None:
+            ledger.set(task_id, new_record(task_id, fp))
+        elif record["state"] == "running":
+            # Interrupted: the process that ran it died. It waits for this run like any other.
+            record["state"] = "pending"
+            ledger.set(task_id, record)
+    return ledger
+
+
+def _ledger_for(
+    path: Path,
+    fingerprints: Mapping[str, str],
+    *,
+    resume: bool,
+    on_conflict: str,
+    function: str,
+) -> Ledger:
     if path.exists() and not path.is_file():
         # Never move a directory or a device aside, even with resume=False.
         raise LedgerError(f"cannot read the ledger {path}: it is not a regular file. Give a file path.")
@@ -535,14 +556,6 @@ def checkpointed_map(
         ledger = _open_ledger(
             path, fingerprints, resume=resume, on_conflict=on_conflict, function=_qualified_name(fn)
         )
-        for task_id, fp in fingerprints.items():
-            record = ledger.get(task_id)
-            if record is None:
-                ledger.set(task_id, new_record(task_id, fp))
-            elif record["state"] == "running":
-                # Interrupted: the process that ran it died. It waits for this run like any other.
-                record["state"] = "pending"
-                ledger.set(task_id, record)
         order = list(by_id)
         to_run = [task_id for task_id in order if ledger.get(task_id)["state"] != "accepted"]
         bar = _Progress(len(order), len(order) - len(to_run), 0, progress)
@@ -1001,13 +1014,6 @@ def _run_processes(
             remove_stale_temporaries(path)
             ledger = _open_ledger(path, fingerprints, resume=resume, on_conflict=on_conflict,
                                   function=_qualified_name(fn))  # fmt: skip
-            for task_id, fp in fingerprints.items():
-                record = ledger.get(task_id)
-                if record is None:
-                    ledger.set(task_id, new_record(task_id, fp))
-                elif record["state"] == "running":
-                    record["state"] = "pending"
-                    ledger.set(task_id, record)
         except BaseException:
             if kv is not None:
                 kv.key_value_set_bytes(f"{prefix}/plan", b"null")

@@ -24,6 +24,8 @@ from ._windows import prepare_windows as prepare_windows
 from ._windows import reset_window_solves as reset_window_solves
 from ._windows import window_solves as window_solves
 
+from .._lazy import lazy_attributes
+
 # name -> module that defines it, loaded on first attribute access.
 _LAZY = {
     "checkpointed_map": "diffsoup.distributed",
@@ -32,17 +34,4 @@ _LAZY = {
     "World": "diffsoup.distributed",
 }
 
-
-def __getattr__(name):
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -185,7 +185,6 @@ def _solve_bwd(static, residuals, cotangents):
     adjoint_dtype = jnp.dtype(problem.precision.effective_adjoint_compute_dtype)
     step_modes = SolveModes(modes.primal, modes.primal, modes.reverse, modes.reverse_ir_tol)
     dtype = y0.dtype
-    m = t_eval.shape[0]
     ct_ys = jnp.asarray(ct_ys, dtype)
 
     from ._simulate import batched_zeros

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 from typing import Any, Callable, Mapping, Sequence

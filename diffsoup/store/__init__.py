@@ -13,6 +13,8 @@ from ._ledger import backup_ledger as backup_ledger
 from ._ledger import fingerprint as fingerprint
 from ._ledger import write_text_durably as write_text_durably
 
+from .._lazy import lazy_attributes
+
 # name -> module that defines it, loaded on first attribute access (keeps zarr out of the import).
 _LAZY = {
     "WindowStore": "diffsoup.store._windows",
@@ -22,17 +24,4 @@ _LAZY = {
     "read_fit": "diffsoup.store._results",
 }
 
-
-def __getattr__(name):
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
