@@ -30,7 +30,7 @@ from .inference._lower import lower as lower
 __version__ = "0.1.0"
 
 # Subpackages that pull in heavier dependencies load on first attribute access.
-_LAZY_SUBMODULES = ("inference", "distributed", "store", "examples", "cli")
+_LAZY_SUBMODULES = ("inference", "distributed", "store", "examples", "plots", "workflows", "cli")
 
 
 def __getattr__(name):

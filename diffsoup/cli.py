@@ -1,7 +1,11 @@
 """The ``diffsoup`` command.
 
-    diffsoup demo            solve and differentiate reference stiff problems, then fit a
-                             reaction network to synthetic experiments
+    diffsoup demo                     solve and differentiate reference stiff problems, then write a
+                                      demo study file and fit it on the embedded default
+    diffsoup check STUDY.toml         read a study file and say what it holds (or what is wrong)
+    diffsoup simulate STUDY.toml      simulate every experiment; trajectories, summary, plots
+    diffsoup fit STUDY.toml           multistart fit; results, summary, plots
+    diffsoup campaign STUDY.toml      the starts as a resumable campaign (JSON ledger)
 
 Run ``diffsoup <command> --help`` for a command's options.
 """
@@ -10,13 +14,157 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+STUDY_HELP = "the study file (TOML, format diffsoup-study/1; see the README's 'Study files')"
+
+EPILOG = """\
+where the work runs (fit, campaign):
+  (default)            the embedded default: a local Dask cluster on this machine, one worker
+                       per visible GPU, or --workers CPU workers
+  --scheduler ADDR     an existing Dask scheduler (tcp://host:8786); its workers need GPU=1
+                       resources (dask worker ... --resources GPU=1)
+  --slurm PROFILE      a SLURM cluster from a profile (jobs/profile.example.toml): dask-jobqueue
+                       SLURMCluster jobs, one worker per GPU, scaled with adapt()
+  --in-process         no Dask: everything in this process
+
+examples:
+  diffsoup demo
+  diffsoup check study.toml
+  diffsoup fit study.toml -o results/ --starts 8
+  diffsoup campaign study.toml -o results/ --starts 64 --slurm jobs/profile.example.toml
+  diffsoup simulate study.toml -o sim/ --from-fit results/results.zarr
+"""
+
+
+def _enable_x64() -> None:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points: float64 default
+
+
+def _load(args):
+    from .inference import load_study
+
+    return load_study(args.study)
+
+
+def _cluster(args):
+    """A context manager yielding (client or None, dashboard or None)."""
+    import contextlib
+
+    if args.in_process:
+        return contextlib.nullcontext((None, None))
+    from .distributed import cluster_client
+
+    return cluster_client(scheduler=args.scheduler, slurm=args.slurm, n_workers=args.workers)
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"\nobjective {summary['objective']:.8g}; {summary['starts']['at_best']} of {summary['starts']['total']} "
+          f"starts at the best; {summary['evaluations']} evaluations in {summary['seconds']:.1f} s")  # fmt: skip
+    print(f"\n{'parameter':<24} {'estimate':>12} {'std err':>10}  scale")
+    for name, value in summary["parameters"].items():
+        base = name.split("[", 1)[0]
+        print(f"{name:<24} {value:>12.6g} {summary['standard_errors'][name]:>10.3g}  {summary['scales'].get(base, '')}")
+    status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
+    print(f"\nexperiments at the estimate: {status}")
+    print(f"results  {summary['results']}")
+    for p in summary["plots"]:
+        print(f"plot     {p}")
 
 
 def _demo(args) -> int:
-    from ._demo import run
+    from ._demo import run, run_study
 
-    run(n_grid=args.grid)
+    if not args.skip_solvers:
+        run(n_grid=args.grid)
+    run_study(args.out, n_experiments=args.experiments, in_process=args.in_process, workers=args.workers)
     return 0
+
+
+def _check(args) -> int:
+    _enable_x64()
+    sf = _load(args)
+    study = sf.study
+    print(f"{sf.path}: study {sf.name!r} (format diffsoup-study/1)")
+    print(f"  model: {study.problem.spec.name} with {study.problem.n_states} states "
+          f"({', '.join(study.problem.state_names[:8])}{', ...' if study.problem.n_states > 8 else ''})")  # fmt: skip
+    print(f"  experiments: {len(study.experiments)}, measured values: {sum(e.n_measured for e in study.experiments)}")
+    est = [p for p in study.parameters if p.estimate]
+    print(f"  parameters: {len(study.parameters)} ({len(est)} estimated, {len(study.entries)} entries with levels)")
+    if study.levels:
+        print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
+    print(f"  fit: {sf.fit}; solver: rtol={sf.solver.rtol}, atol={sf.solver.atol}")
+    return 0
+
+
+def _simulate(args) -> int:
+    _enable_x64()
+    from .workflows import simulate_study
+
+    values = {}
+    for text in args.set or []:
+        name, sep, value = text.partition("=")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise SystemExit(f"diffsoup simulate: --set {text!r} must read NAME=VALUE (a number)")
+    summary = simulate_study(_load(args), args.out, parameters=values, from_fit=args.from_fit, plots=not args.no_plots)
+    status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
+    print(f"\n{summary['experiments']} experiments simulated in {summary['seconds']:.1f} s ({status})")
+    print(f"results  {summary['results']}")
+    for p in summary["plots"]:
+        print(f"plot     {p}")
+    return 0
+
+
+def _fit(args) -> int:
+    _enable_x64()
+    from .workflows import fit_study
+
+    sf = _load(args)
+    with _cluster(args) as (client, _dashboard):  # fit_study prints the dashboard's address
+        summary = fit_study(sf, args.out, client=client, method=args.method, starts=args.starts, seed=args.seed,
+                            max_nfev=args.max_nfev, plots=not args.no_plots)  # fmt: skip
+    _print_summary(summary)
+    return 0
+
+
+def _campaign(args) -> int:
+    _enable_x64()
+    from .workflows import campaign_study
+
+    sf = _load(args)
+    with _cluster(args) as (client, dashboard):
+        if dashboard:
+            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+        summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
+                                 max_nfev=args.max_nfev, resume=not args.restart,
+                                 on_conflict="restart" if args.restart else "error", plots=not args.no_plots)  # fmt: skip
+    c = summary["campaign"]
+    print(f"\ncampaign: {c['accepted']} of {c['tasks']} starts accepted ({c['resumed']} from an earlier run), "
+          f"{c['failed']} failed; ledger {c['ledger']}")  # fmt: skip
+    _print_summary(summary)
+    return 0
+
+
+def _add_fit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study", type=Path, help=STUDY_HELP)
+    p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
+                   help="output directory (default ./diffsoup-results)")  # fmt: skip
+    p.add_argument("--method", choices=("trf", "lbfgsb"), help="optimizer (default: the file's [fit] method)")
+    p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
+    p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
+    p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDR", help="an existing Dask scheduler's address")
+    where.add_argument("--slurm", metavar="PROFILE", type=Path, help="a SLURM profile (TOML) for dask-jobqueue")
+    where.add_argument("--in-process", action="store_true", help="run here, without Dask")
+    p.add_argument("--workers", type=int, help="CPU workers of the embedded default (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,22 +172,75 @@ def build_parser() -> argparse.ArgumentParser:
         prog="diffsoup",
         description="Differentiable stiff ODE simulation and fitting in JAX (sparse KLU/cuDSS solves).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: diffsoup demo --grid 32",
+        epilog=EPILOG,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
     demo = sub.add_parser(
-        "demo",
-        help="solve ROBER and the 2-D Brusselator, differentiate, then fit a network to 60 experiments",
+        "demo", formatter_class=raw,
+        help="solve and differentiate ROBER and the 2-D Brusselator, then fit a demo study",
         description="Solve ROBER (Test Set for IVP Solvers) and the 2-D Brusselator on the CPU, print time, "
-        "steps, factorizations and correct digits, then the gradient of u(0,0) by adjoint and forward mode, "
-        "then fit the rate constants of a reaction network to 60 synthetic experiments (true vs recovered).",
-    )
+        "steps, factorizations and correct digits, and the gradient of u(0,0) by adjoint and forward mode. "
+        "Then write a demo study file (an enzyme with substrate inhibition, synthetic data) into --out and fit "
+        "it as 'diffsoup fit' does, on the embedded default (a local Dask cluster): results.zarr, "
+        "summary.json and plots/ land in --out.",
+    )  # fmt: skip
     demo.add_argument("--grid", type=int, default=32, help="Brusselator grid size N (2 N^2 states; default 32)")
+    demo.add_argument("-o", "--out", type=Path, default=Path("diffsoup-demo"),
+                      help="where the demo study and its results go (default ./diffsoup-demo)")  # fmt: skip
+    demo.add_argument("--experiments", type=int, default=24, help="experiments of the demo study (default 24)")
+    demo.add_argument("--skip-solvers", action="store_true", help="only the study fit, not the solver tables")
+    demo.add_argument("--in-process", action="store_true", help="fit here, without the local Dask cluster")
+    demo.add_argument("--workers", type=int, help="CPU workers of the local Dask cluster (default 2)")
     demo.set_defaults(func=_demo)
+
+    check = sub.add_parser("check", help="read a study file and report what it holds, or what is wrong",
+                           description="Read a study file and its data files, build the model, and print a "
+                           "summary; errors name the file, the line and the field.")  # fmt: skip
+    check.add_argument("study", type=Path, help=STUDY_HELP)
+    check.set_defaults(func=_check)
+
+    simulate = sub.add_parser(
+        "simulate", formatter_class=raw, help="simulate every experiment of a study; trajectories and plots",
+        description="Simulate every experiment of a study file at the nominal parameter values (or a fit's "
+        "estimates, or values given with --set), in this process. Writes OUT/simulation.zarr (states and "
+        "observables at the measurement times, status per experiment), OUT/summary.json and OUT/plots/fits.png.",
+    )  # fmt: skip
+    simulate.add_argument("study", type=Path, help=STUDY_HELP)
+    simulate.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
+                          help="output directory (default ./diffsoup-results)")  # fmt: skip
+    simulate.add_argument("--from-fit", type=Path, metavar="STORE", help="take the estimates of a results.zarr")
+    simulate.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter's value (repeatable)")
+    simulate.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    simulate.set_defaults(func=_simulate)
+
+    fit = sub.add_parser(
+        "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
+        description="Fit the estimated parameters of a study file: Latin hypercube starts, trust-region least "
+        "squares with forward-sensitivity Jacobians (or L-BFGS-B with adjoint gradients), the experiments split "
+        "over the Dask workers. Writes OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,"
+        "estimates}.png.",
+    )  # fmt: skip
+    _add_fit_options(fit)
+    fit.set_defaults(func=_fit)
+
+    campaign = sub.add_parser(
+        "campaign", formatter_class=raw, epilog=EPILOG, help="the fit's starts as a resumable campaign",
+        description="Run each start of a multistart fit as its own task (checkpointed_map): one start per "
+        "worker at a time, every outcome recorded in the JSON ledger OUT/campaign.json, so that running the "
+        "same command again -- after a crash or a cancelled allocation -- runs only what is left. Then writes "
+        "the best fit like 'diffsoup fit'.",
+    )  # fmt: skip
+    _add_fit_options(campaign)
+    campaign.add_argument("--restart", action="store_true", help="discard the ledger (kept as a .bak) and rerun all")
+    campaign.set_defaults(func=_campaign)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .inference import StudyFileError
+    from .store import LedgerConflictError, LedgerLockedError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -47,7 +248,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "grid", 4) < 4:
         parser.error("--grid must be at least 4")
-    return args.func(args)
+    for name in ("starts", "workers", "experiments", "max_nfev"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    study = getattr(args, "study", None)
+    if study is not None and not study.is_file():
+        parser.error(f"study file {study} not found")
+    try:
+        return args.func(args)
+    except StudyFileError as exc:
+        print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except LedgerConflictError as exc:
+        print(f"diffsoup {args.command}: {exc}\nRun it with --restart to start the campaign anew, or choose "
+              "another --out.", file=sys.stderr)  # fmt: skip
+        return 2
+    except LedgerLockedError as exc:
+        print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,7 +24,9 @@ from diffsoup.examples import (
 # ---- Test Set for IVP Solvers ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rtol, min_scd", [(1e-6, 4.0), (1e-10, 7.0)])
+# At rtol 1e-10 the digits are those of y2 ~ 8e-14, held by atol = 1e-14; its last digits move with
+# XLA's rounding (scd 7.17 with jax 0.12.0, 6.89 with 0.12.0.1, the same 2007 steps), hence 6.5.
+@pytest.mark.parametrize("rtol, min_scd", [(1e-6, 4.0), (1e-10, 6.5)])
 def test_rober_against_test_set_reference(rober_problem, rtol, min_scd):
     sol = ds.simulate(rober_problem, t_eval=[ROBER_REFERENCE["t"]], rtol=rtol, atol=1e-4 * rtol)
     assert sol.ok

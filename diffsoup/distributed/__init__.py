@@ -1,7 +1,8 @@
 """Execution across processes and machines: ``run`` (a study over Dask workers or the processes of a
 multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary``, ``owns``,
-``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``) and
-``world``.
+``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``),
+``world``, and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile,
+``cluster_client``).
 
 Importing this package does not import Dask: the modules below import it inside the functions
 that run on a cluster (``_run`` imports it when ``run`` is called).
@@ -12,6 +13,10 @@ from ._campaign import CampaignResult as CampaignResult
 from ._campaign import TaskRecord as TaskRecord
 from ._campaign import checkpointed_map as checkpointed_map
 from ._campaign import device_group as device_group
+from ._clusters import cluster_client as cluster_client
+from ._clusters import embedded_cluster as embedded_cluster
+from ._clusters import read_profile as read_profile
+from ._clusters import slurm_cluster as slurm_cluster
 from ._runtime import any_process as any_process
 from ._runtime import configure as configure
 from ._runtime import from_local_data as from_local_data

@@ -618,45 +618,10 @@ def _visible_gpus() -> list[str]:
 
 def _start_embedded_cluster(resources: Mapping[str, float]):
     """The embedded default cluster and a client on it (see ``client=`` of checkpointed_map)."""
-    from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
+    from ._clusters import embedded_cluster
 
-    # diffsoup's own workers compute in float64 unless the user said otherwise.
-    env = {} if "JAX_ENABLE_X64" in os.environ else {"JAX_ENABLE_X64": "1"}
-    # The scheduler serves HTTP (the dashboard when bokeh is installed) whatever we pass; a
-    # free port on the loopback interface never collides with another cluster's 8787.
-    dashboard = "127.0.0.1:0"
-    gpus = _visible_gpus()
-    if gpus:
-        workers = {
-            f"gpu-{gpu}": {
-                "cls": Nanny,
-                "options": {
-                    "nthreads": 1,
-                    "resources": dict(resources),
-                    "host": "127.0.0.1",
-                    "env": {**env, "CUDA_VISIBLE_DEVICES": gpu},
-                },
-            }
-            for gpu in gpus
-        }
-        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": dashboard}}
-        cluster = SpecCluster(workers=workers, scheduler=scheduler, name="diffsoup-embedded")
-    else:
-        cluster = LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            resources=dict(resources),
-            host="127.0.0.1",
-            dashboard_address=dashboard,
-            env=env,
-        )
-    try:
-        client = Client(cluster, set_as_default=False)
-    except BaseException:
-        cluster.close()
-        raise
-    logger.info("started the embedded Dask cluster %s (%d workers)", cluster, len(gpus) or 2)
+    cluster, client = embedded_cluster(resources)
+    logger.info("started the embedded Dask cluster %s", cluster)
     return cluster, client
 
 

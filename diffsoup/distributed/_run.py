@@ -28,7 +28,6 @@ import hashlib
 import io
 import logging
 import math
-import os
 import pickle
 import time
 import uuid
@@ -393,35 +392,16 @@ class _DaskBackend:
 
 def _connect(cluster: Any, resources: Mapping[str, float], n_workers: int | None):
     """(client, things to close) for ``cluster=``: None, a Client, an address, or a Cluster."""
-    from distributed import Client, LocalCluster, default_client
+    from distributed import Client, default_client
 
     if cluster is None:
         try:
             return default_client(), []
         except ValueError:
             pass
-        from ._campaign import _visible_gpus
-        from ._worker import default_cache_dir
+        from ._clusters import embedded_cluster
 
-        gpus = _visible_gpus()
-        env = {} if "JAX_ENABLE_X64" in os.environ else {"JAX_ENABLE_X64": "1"}
-        env["DIFFSOUP_JAX_CACHE_DIR"] = default_cache_dir()
-        if gpus:
-            from distributed import Nanny, Scheduler, SpecCluster
-
-            workers = {f"gpu-{g}": {"cls": Nanny, "options": {
-                "nthreads": 1, "resources": dict(resources), "host": "127.0.0.1",
-                "preload": ["diffsoup.distributed._worker"],
-                "env": {**env, "CUDA_VISIBLE_DEVICES": g, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda")}}}
-                for g in gpus}  # fmt: skip
-            scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
-            local = SpecCluster(workers=workers, scheduler=scheduler, name="diffsoup-run")
-        else:
-            local = LocalCluster(n_workers=n_workers or 2, threads_per_worker=1, processes=True,
-                                 resources=dict(resources) or None, host="127.0.0.1",
-                                 dashboard_address="127.0.0.1:0", env=env,
-                                 preload=["diffsoup.distributed._worker"])  # fmt: skip
-        client = Client(local, set_as_default=False)
+        local, client = embedded_cluster(resources, n_workers=n_workers)
         return client, [client, local]
     if isinstance(cluster, Client):
         return cluster, []

@@ -10,6 +10,10 @@ The set-up, before the worker's JAX starts where possible:
 - :func:`diffsoup.distributed.configure` (XLA flags and allocator settings, only what is unset);
 - a persistent JAX compilation cache shared by the workers: ``DIFFSOUP_JAX_CACHE_DIR``, else
   ``$DIFFSOUP_CACHE_DIR/jax``, else ``<tmp>/diffsoup-jax-cache-<uid>``;
+- with ``DIFFSOUP_GPUS_PER_WORKER=g`` (set by :func:`diffsoup.distributed.slurm_cluster` for jobs
+  holding several GPUs), the worker keeps ``g`` of the job's GPUs: worker process ``i`` of the job
+  (its name ends in ``-i``, as ``dask worker --nworkers N`` names them) takes the ``i``-th block of
+  ``CUDA_VISIBLE_DEVICES``, so that two workers never share a GPU;
 - with ``JAX_PLATFORMS`` naming cuda or gpu, JAX's devices are listed at start, so a worker whose
   GPU cannot be used fails at start with a clear error instead of computing on CPU.
 """
@@ -71,6 +75,31 @@ def setup_worker_environment(cache_dir: str | None = None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
+def pin_gpus(worker_name: Any, visible: str | None, per_worker: int) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of worker process ``i`` (the trailing ``-i`` of its name) of a
+    job whose processes share ``visible``: its own block of ``per_worker`` ids, or None to leave
+    it (no list, or a list no longer than one block).
+
+    Raises:
+        GPUUnavailableError: if the job holds fewer GPUs than its worker processes need.
+    """
+    if not visible:
+        return None
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if len(ids) <= per_worker:
+        return None
+    tail = str(worker_name).rsplit("-", 1)[-1]
+    index = int(tail) if tail.isdigit() else 0
+    block = ids[index * per_worker : (index + 1) * per_worker]
+    if len(block) < per_worker:
+        raise GPUUnavailableError(
+            f"diffsoup worker {worker_name!r}: worker process {index} needs GPUs {index * per_worker}.."
+            f"{(index + 1) * per_worker - 1} of CUDA_VISIBLE_DEVICES={visible!r}, which has {len(ids)}; ask the job "
+            "for as many GPUs as processes (slurm profile: gpus = processes)."
+        )
+    return ",".join(block)
+
+
 def dask_setup(worker: Any = None) -> None:
     """Dask's preload hook: runs in the worker process before the worker starts.
 
@@ -78,6 +107,11 @@ def dask_setup(worker: Any = None) -> None:
     must not compute on CPU, so this ends the worker process (``SystemExit`` with the message).
     """
     try:
+        per_worker = int(os.environ.get("DIFFSOUP_GPUS_PER_WORKER", "0") or 0)
+        if per_worker > 0 and worker is not None:
+            pinned = pin_gpus(getattr(worker, "name", ""), os.environ.get("CUDA_VISIBLE_DEVICES"), per_worker)
+            if pinned is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = pinned
         setup_worker_environment()
     except GPUUnavailableError as exc:
         import sys

@@ -20,6 +20,9 @@ from ._problem import InferenceProblem as InferenceProblem
 from ._problem import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study
+from ._study_file import StudyFile as StudyFile
+from ._study_file import StudyFileError as StudyFileError
+from ._study_file import load_study as load_study
 from ._windows import prepare_windows as prepare_windows
 from ._windows import reset_window_solves as reset_window_solves
 from ._windows import window_solves as window_solves

@@ -96,6 +96,40 @@ class FitResult:
         """Convergence reason of the best start."""
         return self.starts[self.best].message
 
+    @classmethod
+    def from_starts(cls, lowered: LoweredStudy, starts, *, method: str, seconds: float) -> "FitResult":
+        """The result of finished starts (e.g. those of a campaign): the best one, with standard
+        errors from the Gauss-Newton Hessian of ``lowered`` at its point.
+
+        Raises:
+            RuntimeError: if every start failed.
+        """
+        starts = tuple(starts)
+        prob = lowered.problem
+        finite = [i for i, r in enumerate(starts) if np.isfinite(r.objective)]
+        if not finite:
+            reasons = "; ".join(r.message for r in starts[:3])
+            raise RuntimeError(f"fit: every start failed ({reasons}).")
+        best = min(finite, key=lambda i: starts[i].objective)
+        theta = np.asarray(starts[best].x, dtype=np.float64)
+        _, _, H = lowered.gauss_newton(theta)
+        cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)
+        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        return cls(
+            parameters=prob.parameter_values(theta),
+            theta=theta,
+            objective=starts[best].objective,
+            standard_errors=dict(zip(prob.theta_names, map(float, se))),
+            covariance=cov,
+            starts=starts,
+            best=best,
+            method=method,
+            seconds=seconds,
+            n_evaluations=sum(r.n_evaluations for r in starts),
+            theta_names=prob.theta_names,
+            window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
+        )
+
 
 def latin_hypercube(lower, upper, n: int, seed: int) -> np.ndarray:
     """``n`` Latin hypercube points within ``[lower, upper]`` (scipy.stats.qmc)."""
@@ -118,6 +152,7 @@ def fit(
     xtol: float = 1e-8,
     gtol: float = 1e-8,
     failure_residual: float = 1e4,
+    progress: bool = False,
 ) -> FitResult:
     """Fit the estimated parameters of a study: multistart, scipy's TRF or L-BFGS-B.
 
@@ -135,6 +170,7 @@ def fit(
         max_nfev: most evaluations per start (None: scipy's default).
         ftol, xtol, gtol: scipy's tolerances (``ftol``/``gtol`` map to L-BFGS-B's ``ftol``/``pgtol``).
         failure_residual: residual value put in place of a failed experiment's residuals (TRF).
+        progress: show a progress bar over the starts on stderr (evaluations, best objective).
 
     Returns:
         A :class:`FitResult`.
@@ -180,33 +216,46 @@ def fit(
     if np.any(points < lo) or np.any(points > hi):
         raise ValueError("fit: a start point lies outside the bounds [lower, upper] (scaled coordinates).")
     t_all = time.perf_counter()
-    results = [(_fit_trf if method == "trf" else _fit_lbfgsb)(low, p, lo, hi, max_nfev, ftol, xtol, gtol,
-                                                               failure_residual, least_squares, minimize)
-               for p in points]  # fmt: skip
-    finite = [i for i, r in enumerate(results) if np.isfinite(r.objective)]
-    if not finite:
-        reasons = "; ".join(r.message for r in results[:3])
-        raise RuntimeError(f"fit: every start failed ({reasons}).")
-    best = min(finite, key=lambda i: results[i].objective)
-    theta = results[best].x
-    _, _, H = low.gauss_newton(theta)
-    fisher = H / (2.0 * low.scale)
-    cov = np.linalg.pinv(fisher, hermitian=True)
-    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    return FitResult(
-        parameters=prob.parameter_values(theta),
-        theta=theta,
-        objective=results[best].objective,
-        standard_errors=dict(zip(prob.theta_names, map(float, se))),
-        covariance=cov,
-        starts=tuple(results),
-        best=best,
-        method=method,
-        seconds=time.perf_counter() - t_all,
-        n_evaluations=sum(r.n_evaluations for r in results),
-        theta_names=prob.theta_names,
-        window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
-    )
+    bar = _Progress(len(points), method, progress)
+    try:
+        results = []
+        for p in points:
+            run = _fit_trf if method == "trf" else _fit_lbfgsb
+            results.append(run(low, p, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, least_squares, minimize,
+                               bar.evaluated))  # fmt: skip
+            bar.finished(results[-1])
+    finally:
+        bar.close()
+    return FitResult.from_starts(low, results, method=method, seconds=time.perf_counter() - t_all)
+
+
+class _Progress:
+    """A progress bar over the starts of a fit (tqdm, on stderr), its postfix the evaluations and
+    the best objective so far."""
+
+    def __init__(self, total: int, method: str, enabled: bool):
+        self.bar = None
+        self.evaluations, self.best = 0, float("inf")
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=f"fit ({method})", unit="start", dynamic_ncols=True)
+
+    def evaluated(self) -> None:
+        self.evaluations += 1
+        if self.bar is not None and self.evaluations % 5 == 0:
+            self.bar.set_postfix(evaluations=self.evaluations, best=f"{self.best:.6g}", refresh=True)
+
+    def finished(self, result: "StartResult") -> None:
+        if np.isfinite(result.objective):
+            self.best = min(self.best, result.objective)
+        if self.bar is not None:
+            self.bar.set_postfix(evaluations=self.evaluations, best=f"{self.best:.6g}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Failures:
@@ -222,7 +271,7 @@ class _Failures:
         return tuple((eid, name, n) for (eid, name), n in self.counts.items())
 
 
-def _fit_trf(low, x0, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, least_squares, _minimize):
+def _fit_trf(low, x0, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, least_squares, _minimize, on_eval):
     start = time.perf_counter()
     fails = _Failures()
     cache: dict = {}
@@ -233,6 +282,7 @@ def _fit_trf(low, x0, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, leas
         if key not in cache:
             r, J = low.residuals_and_jacobian(x)
             n_eval[0] += 1
+            on_eval()
             failed = dict(low.last_failures)
             if failed:
                 fails.add(failed)
@@ -259,7 +309,7 @@ def _fit_trf(low, x0, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, leas
                        int(res.njev or 0), time.perf_counter() - start, fails.summary())  # fmt: skip
 
 
-def _fit_lbfgsb(low, x0, lo, hi, max_nfev, ftol, _xtol, gtol, _failure_residual, _least_squares, minimize):
+def _fit_lbfgsb(low, x0, lo, hi, max_nfev, ftol, _xtol, gtol, _failure_residual, _least_squares, minimize, on_eval):
     start = time.perf_counter()
     fails = _Failures()
     n_eval = [0]
@@ -268,6 +318,7 @@ def _fit_lbfgsb(low, x0, lo, hi, max_nfev, ftol, _xtol, gtol, _failure_residual,
     def fg(x):
         v, g = low.value_and_grad(x)
         n_eval[0] += 1
+        on_eval()
         failed = dict(low.last_failures)
         if failed or not (np.isfinite(v) and np.all(np.isfinite(g))):
             fails.add(failed)

@@ -399,6 +399,60 @@ class InferenceProblem:
                 out[e.id] = y
         return out
 
+    def predict(self, theta, *, points: int = 0) -> dict:
+        """What the model says at ``theta``, experiment by experiment (for results and plots).
+
+        Args:
+            theta: the point (scaled coordinates).
+            points: with ``points > 0``, also each single-shooting experiment's observables on
+                ``points`` evenly spaced times from ``t0`` to its last measurement (smooth curves).
+
+        Returns:
+            id -> ``{"times" (m,), "states" (m, n), "observables" (m, k), "status" (int: a
+            ``ds.Status`` code)[, "curve_times" (points,), "curve" (points, k)]}``; the values of a
+            failed solve are NaN.
+        """
+        import jax
+        import jax.numpy as jnp
+
+        theta = np.asarray(theta, dtype=np.float64)
+        full = self.full_vector(theta)
+        problem = self.study.problem
+        out = {}
+        for group in self.groups:
+            arrs = self.pack(group, list(group.members))
+
+            def one(a, group=group):
+                ys, status, _, _ = self.states(group, full, a, theta, forward=True)
+                if group.observables is None:
+                    return ys, ys, status
+                pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
+                pdict = problem.params_dict(pv)
+                return ys, jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys), status
+
+            ys, hs, status = jax.device_get(jax.jit(jax.vmap(one))(arrs))
+            curve_t = curve = None
+            if points > 0 and not group.windows:
+                span = arrs["times"][:, -1:] - arrs["t0"][:, None]
+                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
+                _, curve, _ = jax.device_get(jax.jit(jax.vmap(one))(dense))
+                curve_t = dense["times"]
+            for lane, i in enumerate(group.members):
+                e = self.study.experiments[i]
+                m = e.times.shape[0]
+                failed = int(status[lane]) != 0
+                rec = {"times": e.times.copy(), "states": np.array(ys[lane, :m], dtype=np.float64),
+                       "observables": np.array(hs[lane, :m], dtype=np.float64), "status": int(status[lane])}  # fmt: skip
+                if curve is not None:
+                    rec["curve_times"] = np.array(curve_t[lane], dtype=np.float64)
+                    rec["curve"] = np.array(curve[lane], dtype=np.float64)
+                if failed:
+                    for key in ("states", "observables", "curve"):
+                        if key in rec:
+                            rec[key][:] = np.nan
+                out[e.id] = rec
+        return out
+
     def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
         """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
         import jax

@@ -22,6 +22,8 @@ _LAZY = {
     "cache_dir": "diffsoup.store._windows",
     "write_fit": "diffsoup.store._results",
     "read_fit": "diffsoup.store._results",
+    "write_simulation": "diffsoup.store._results",
+    "write_summary": "diffsoup.store._results",
 }
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -1,80 +1,58 @@
-"""Fit results in a Zarr store, readable by plain zarr.
+"""Fit and simulation results in Zarr stores, readable by plain zarr, plus a short JSON summary.
 
-Layout (Zarr v3)::
+Fit store layout (Zarr v3, ``format = "diffsoup.fit/1"``)::
 
-    <path>/                           group; attrs: format, method, objective, theta_names,
-                                      parameters (linear values by name), complete (written last)
+    <path>/                           group; attrs: format, kind ("fit"), method, objective,
+                                      theta_names, parameters (linear values by name),
+                                      standard_errors (scaled coordinates, by name), states,
+                                      complete (written last)
         theta                         float64 (k,): the best point (scaled coordinates)
         covariance                    float64 (k, k)
-        experiments/<i>/              one group per experiment, in study order; attrs: id
+        starts/x0, starts/x           float64 (s, k): every start's first and last point
+        starts/objective              float64 (s,): every start's final objective (inf: failed)
+        experiments/<i>/              one group per experiment, in study order; attrs: id, status
+                                      (a ds.Status name), status_code, observables (names)
             times                     float64 (m,)
             states                    float64 (m, n): the fitted trajectory at the measurement times
+            observables               float64 (m, k): the model's observables there
+            data                      float64 (m, k): the measured values (NaN: missing)
             window_starts             float64 (W-1, n): fitted window starts (multiple shooting only)
 
-The whole store is written in a temporary directory beside ``path`` and renamed into place, so a
-reader never sees half a result.
+A simulation store (``format = "diffsoup.simulation/1"``, kind "simulation") has the same
+``experiments/<i>`` groups (without a fit) and attrs ``parameters`` (the values simulated).
+
+A store is written in a temporary directory beside ``path`` and renamed into place, so a reader
+never sees half a result.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 FORMAT = "diffsoup.fit/1"
+SIMULATION_FORMAT = "diffsoup.simulation/1"
 
 
-def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False) -> Path:
-    """Write a :class:`~diffsoup.inference.FitResult` and its trajectories to a Zarr store.
-
-    Args:
-        result: the ``FitResult``.
-        path: the directory of the store.
-        lowered: the ``LoweredStudy`` (or ``InferenceProblem``) that was fitted; its model gives
-            the trajectories at the measurement times.
-        overwrite: replace an existing store at ``path``.
-
-    Returns:
-        The store's path.
-
-    Raises:
-        FileExistsError: if ``path`` exists and ``overwrite`` is False.
-        ValueError: if ``result`` does not belong to ``lowered`` (other theta names).
-    """
+@contextlib.contextmanager
+def _atomic_group(path: Path, overwrite: bool, who: str) -> Iterator[Any]:
+    """A fresh Zarr group written beside ``path`` and moved into place when the block succeeds."""
     import zarr
 
-    problem = getattr(lowered, "problem", lowered)
-    if tuple(result.theta_names) != tuple(problem.theta_names):
-        raise ValueError(
-            "write_fit: result.theta_names differ from the lowered study's; pass the study that was fitted."
-        )
-    path = Path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"write_fit: {path} exists; pass overwrite=True to replace it.")
+        raise FileExistsError(f"{who}: {path} exists; pass overwrite=True to replace it.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    states = problem.trajectories(result.theta)
-    windows = problem.window_values(result.theta)
     tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex}")
     try:
         root = zarr.open_group(str(tmp), mode="w-")
-        root.create_array("theta", data=np.asarray(result.theta, dtype=np.float64))
-        root.create_array("covariance", data=np.asarray(result.covariance, dtype=np.float64))
-        for i, e in enumerate(problem.study.experiments):
-            g = root.create_group(f"experiments/{i}")
-            g.attrs["id"] = e.id
-            g.create_array("times", data=np.asarray(e.times, dtype=np.float64))
-            g.create_array("states", data=states[e.id])
-            if e.id in windows:
-                g.create_array("window_starts", data=windows[e.id])
-        root.attrs.update(
-            format=FORMAT, method=result.method, objective=float(result.objective),
-            theta_names=list(result.theta_names), parameters={k: float(v) for k, v in result.parameters.items()},
-            states=list(problem.study.problem.state_names),
-        )  # fmt: skip
+        yield root
         root.attrs["complete"] = True
         if path.exists():
             aside = path.with_name(f".old-{path.name}-{uuid.uuid4().hex}")
@@ -86,28 +64,130 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False) 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return path
+
+
+def _write_experiments(root: Any, study: Any, predictions: Mapping[str, dict], observables: Mapping | None) -> None:
+    from ..integrate import Status
+
+    for i, e in enumerate(study.experiments):
+        p = predictions[e.id]
+        g = root.create_group(f"experiments/{i}")
+        code = int(p["status"])
+        g.attrs.update(id=e.id, status_code=code, status=Status(code).name if code in set(Status) else str(code),
+                       observables=list((observables or {}).get(e.id, [])))  # fmt: skip
+        g.create_array("times", data=np.asarray(e.times, dtype=np.float64))
+        g.create_array("states", data=np.asarray(p["states"], dtype=np.float64))
+        g.create_array("observables", data=np.asarray(p["observables"], dtype=np.float64))
+        g.create_array("data", data=np.asarray(e.data, dtype=np.float64))
+        if "window_starts" in p:
+            g.create_array("window_starts", data=np.asarray(p["window_starts"], dtype=np.float64))
+
+
+def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, observables: Mapping | None = None,
+              predictions: Mapping[str, dict] | None = None) -> Path:  # fmt: skip
+    """Write a :class:`~diffsoup.inference.FitResult` and its trajectories to a Zarr store.
+
+    Args:
+        result: the ``FitResult``.
+        path: the directory of the store.
+        lowered: the ``LoweredStudy`` (or ``InferenceProblem``) that was fitted; its model gives
+            the trajectories at the measurement times.
+        overwrite: replace an existing store at ``path``.
+        observables: experiment id -> observable names (``StudyFile.observables``), stored as attrs.
+        predictions: ``lowered.problem.predict(result.theta)`` when already computed.
+
+    Returns:
+        The store's path.
+
+    Raises:
+        FileExistsError: if ``path`` exists and ``overwrite`` is False.
+        ValueError: if ``result`` does not belong to ``lowered`` (other theta names).
+    """
+    problem = getattr(lowered, "problem", lowered)
+    if tuple(result.theta_names) != tuple(problem.theta_names):
+        raise ValueError(
+            "write_fit: result.theta_names differ from the lowered study's; pass the study that was fitted."
+        )
+    predictions = dict(predictions or problem.predict(result.theta))
+    for eid, starts in problem.window_values(result.theta).items():
+        predictions[eid] = {**predictions[eid], "window_starts": starts}
+    with _atomic_group(Path(path), overwrite, "write_fit") as root:
+        root.create_array("theta", data=np.asarray(result.theta, dtype=np.float64))
+        root.create_array("covariance", data=np.asarray(result.covariance, dtype=np.float64))
+        root.create_array("starts/x0", data=np.stack([np.asarray(s.x0, np.float64) for s in result.starts]))
+        root.create_array("starts/x", data=np.stack([np.asarray(s.x, np.float64) for s in result.starts]))
+        root.create_array("starts/objective", data=np.array([s.objective for s in result.starts], np.float64))
+        _write_experiments(root, problem.study, predictions, observables)
+        root.attrs.update(
+            format=FORMAT, kind="fit", method=result.method, objective=float(result.objective),
+            theta_names=list(result.theta_names), parameters={k: float(v) for k, v in result.parameters.items()},
+            standard_errors={k: float(v) for k, v in result.standard_errors.items()},
+            states=list(problem.study.problem.state_names),
+        )  # fmt: skip
+    return Path(path)
+
+
+def write_simulation(path: Any, study: Any, predictions: Mapping[str, dict], parameters: Mapping[str, float], *,
+                     observables: Mapping | None = None, overwrite: bool = False) -> Path:  # fmt: skip
+    """Write simulated trajectories (``InferenceProblem.predict``) of a study to a Zarr store.
+
+    Raises:
+        FileExistsError: if ``path`` exists and ``overwrite`` is False.
+    """
+    with _atomic_group(Path(path), overwrite, "write_simulation") as root:
+        _write_experiments(root, study, predictions, observables)
+        root.attrs.update(format=SIMULATION_FORMAT, kind="simulation",
+                          parameters={k: float(v) for k, v in parameters.items()},
+                          states=list(study.problem.state_names))  # fmt: skip
+    return Path(path)
 
 
 def read_fit(path: Any) -> dict:
-    """Read a store written by :func:`write_fit`.
+    """Read a store written by :func:`write_fit` (or :func:`write_simulation`).
 
     Returns:
-        ``{"attrs", "theta", "covariance", "experiments": {id: {"times", "states"[, "window_starts"]}}}``.
+        ``{"attrs", "experiments": {id: {"times", "states", "observables", "data"[, "window_starts"],
+        "status"}}}`` and, for a fit, ``"theta"``, ``"covariance"``, ``"starts"`` (``x0``, ``x``,
+        ``objective``).
 
     Raises:
-        ValueError: if the store is incomplete or not a diffsoup fit.
+        ValueError: if the store is incomplete or not a diffsoup result.
     """
     import zarr
 
     root = zarr.open_group(str(path), mode="r")
     attrs = dict(root.attrs)
-    if attrs.get("format") != FORMAT or attrs.get("complete") is not True:
-        raise ValueError(f"read_fit: {path} is not a complete diffsoup fit store (format {attrs.get('format')!r}).")
+    if attrs.get("format") not in (FORMAT, SIMULATION_FORMAT) or attrs.get("complete") is not True:
+        raise ValueError(f"read_fit: {path} is not a complete diffsoup result store (format {attrs.get('format')!r}).")
     exps = {}
     group = root["experiments"]
     for i in range(len(list(group.group_keys()))):
         g = group[str(i)]
         exps[g.attrs["id"]] = {name: np.asarray(g[name][...]) for name in g.array_keys()}
-    return {"attrs": attrs, "theta": np.asarray(root["theta"][...]), "covariance": np.asarray(root["covariance"][...]),
-            "experiments": exps}  # fmt: skip
+        exps[g.attrs["id"]]["status"] = g.attrs.get("status", "SUCCESS")
+    out = {"attrs": attrs, "experiments": exps}
+    if attrs["format"] == FORMAT:
+        out.update(theta=np.asarray(root["theta"][...]), covariance=np.asarray(root["covariance"][...]),
+                   starts={k: np.asarray(root[f"starts/{k}"][...]) for k in ("x0", "x", "objective")})  # fmt: skip
+    return out
+
+
+def write_summary(path: Any, summary: Mapping[str, Any]) -> Path:
+    """Write a JSON summary (sorted keys, two-space indent) durably: a reader sees the old file or
+    the new one."""
+    from ._ledger import write_text_durably
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_durably(path, json.dumps(summary, indent=2, sort_keys=True, default=_json_default) + "\n")
+    return path
+
+
+def _json_default(value: Any):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")

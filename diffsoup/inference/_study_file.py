@@ -1,0 +1,756 @@
+"""Study files: a study written as TOML (format ``diffsoup-study/1``), read by :func:`load_study`.
+
+A study file names the model, the parameter table, the levels, the noise and the experiments with
+their data files (CSV), plus the solver tolerances and fit settings the ``diffsoup`` command uses.
+Paths are relative to the study file. Every error names the file, the line and the field::
+
+    format = "diffsoup-study/1"          # required, first: the format and its version
+    name = "rober-rates"                 # optional (default: the file's stem)
+    levels = ["site"]                    # optional: level names, outermost first
+
+    [model]                              # either a reaction network ...
+    species = ["A", "B", "C"]
+    reactions = [["A -> B", "k1"], ["2 B -> B + C", "k2"], ["B + C -> A + C", "k3"]]
+    parameters = {k1 = 0.04, k2 = 3e7, k3 = 1e4}   # the model's default values
+    y0 = {A = 1.0}                       # default initial state (unnamed species start at 0)
+    # python = "model.py:make_model"     # ... or a function (file.py:name or package.module:name)
+    #                                    # returning a ProblemSpec, ReactionNetwork or Problem
+    linear_solver = "auto"               # optional: auto, dense, klu, cudss
+    precision = "fp64"                   # optional: fp64, fp32, fp32_factor, fp32_ir
+
+    [observables]                        # optional: named expressions of species and model
+    total = "A + B + C"                  # parameters (+ - * / **, exp log log10 sqrt)
+
+    [solver]                             # optional: rtol, atol, max_steps, checkpoints
+    rtol = 1e-8
+
+    [noise]                              # optional default for every experiment
+    model = "gaussian"                   # gaussian or lognormal
+    sigma = 0.02                         # a number, or the name of an estimated parameter
+
+    [fit]                                # optional defaults of `diffsoup fit` / `campaign`
+    method = "trf"                       # trf (least squares) or lbfgsb (adjoint gradient)
+    starts = 4
+    seed = 0
+    max_nfev = 200
+    objective = "nll"                    # nll or chi2
+
+    [[parameters]]                       # one table per parameter row
+    name = "k1"
+    nominal = 0.04
+    lower = 0.004
+    upper = 0.4
+    scale = "log10"                      # lin, log or log10 (default log10)
+    estimate = true                      # default true
+    level = "site"                       # optional: a level, or "experiment"
+
+    [[experiments]]                      # one table per experiment
+    id = "e1"
+    data = "data/e1.csv"                 # CSV (see below)
+    observables = ["A", "total"]         # optional: default, the data file's columns
+    y0 = {A = 0.5}                       # optional overrides of the model's y0
+    conditions = {k3 = 2e4}              # optional fixed model parameter values
+    parameters = {k1 = "k1"}             # optional model parameter -> study parameter
+    groups = {site = "s1"}               # one member per level
+    noise = {model = "lognormal", sigma = 0.1}   # optional, overrides [noise]
+    t0 = 0.0                             # optional
+    multishoot = {windows = 3}           # optional: Multishoot(...) options
+
+A data file is CSV with a header: a ``time`` column, one column per observable (empty or ``nan``
+for a missing value), optionally ``sigma:<observable>`` columns giving each value's standard
+deviation, and optionally an ``experiment`` column, so that one file can hold many experiments
+(each takes the rows carrying its id).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+FORMAT = "diffsoup-study/1"
+FORMAT_PREFIX = "diffsoup-study/"
+
+TOP_KEYS = ("format", "name", "description", "levels", "model", "observables", "solver", "noise", "fit",
+            "parameters", "experiments")  # fmt: skip
+MODEL_KEYS = ("species", "reactions", "parameters", "y0", "python", "linear_solver", "precision")
+SOLVER_KEYS = ("rtol", "atol", "max_steps", "checkpoints")
+NOISE_KEYS = ("model", "sigma")
+FIT_KEYS = ("method", "starts", "seed", "max_nfev", "objective")
+PARAMETER_KEYS = ("name", "nominal", "lower", "upper", "scale", "estimate", "level")
+EXPERIMENT_KEYS = ("id", "data", "observables", "y0", "conditions", "parameters", "groups", "noise", "t0",
+                   "multishoot")  # fmt: skip
+MULTISHOOT_KEYS = ("windows", "boundaries", "continuity_weight", "state_scale", "init", "lower", "upper")
+LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
+PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
+NOISE_MODELS = ("gaussian", "lognormal")
+OBJECTIVES = ("nll", "chi2")
+EXPRESSION_FUNCTIONS = ("exp", "log", "log10", "sqrt", "abs")
+
+
+class StudyFileError(ValueError):
+    """A study file (or one of its data files) that cannot be read.
+
+    Attributes:
+        path: the file at fault.
+        line: its 1-based line, or None when unknown.
+        field: the field, written as in the file (``experiments[2].data``), or None.
+    """
+
+    def __init__(self, message: str, *, path: Any, line: int | None = None, field: str | None = None):
+        self.path, self.line, self.field = Path(path), line, field
+        where = f"{path}:{line}" if line else f"{path}"
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyFile:
+    """A loaded study file.
+
+    Attributes:
+        path: the study file.
+        name: the study's name.
+        study: the ``ds.Study``.
+        solver: the ``SolverOptions`` of ``[solver]``.
+        fit: the ``[fit]`` settings with their defaults (method, starts, seed, max_nfev, objective).
+        observables: experiment id -> the names of its observables (the data's columns).
+        description: free text from the file.
+    """
+
+    path: Path
+    name: str
+    study: Any
+    solver: Any
+    fit: dict
+    observables: dict
+    description: str = ""
+
+    def lower(self, **options):
+        """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
+        from ._lower import lower
+
+        options.setdefault("objective", self.fit["objective"])
+        options.setdefault("solver", self.solver)
+        return lower(self.study, **options)
+
+
+# --------------------------------------------------------------------------------------------
+# Where things are in the file
+# --------------------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')\s*(\.|=)")
+
+
+class _Lines:
+    """Line numbers of tables and keys in a TOML text, by field path (``("experiments", 2, "data")``)."""
+
+    def __init__(self, text: str):
+        self.at: dict[tuple, int] = {}
+        counts: dict[str, int] = {}
+        table: tuple = ()
+        for number, line in enumerate(text.splitlines(), start=1):
+            header = _HEADER.match(line)
+            if header:
+                name = header.group(2).replace('"', "").replace("'", "").strip()
+                parts = tuple(p.strip() for p in name.split("."))
+                if header.group(1) == "[[":
+                    index = counts.get(name, 0)
+                    counts[name] = index + 1
+                    table = parts + (index,)
+                else:
+                    # a sub-table of the latest array element: [experiments.y0] after [[experiments]]
+                    head = parts[0]
+                    table = (head, counts[head] - 1) + parts[1:] if head in counts else parts
+                self.at.setdefault(table, number)
+                continue
+            key = _KEY.match(line)
+            if key:
+                self.at.setdefault(table + (key.group(1).strip("\"'"),), number)
+
+    def line(self, path: tuple) -> int | None:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.at:
+                return self.at[path[:end]]
+        return None
+
+
+def _field_name(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class _Reader:
+    """Checks values of the parsed TOML and raises :class:`StudyFileError` with line and field."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.lines = _Lines(text)
+
+    def error(self, field: tuple, message: str, *, path: Any = None, line: int | None = None) -> StudyFileError:
+        return StudyFileError(
+            message,
+            path=path or self.path,
+            line=line if path is not None else self.lines.line(field),
+            field=_field_name(field) if field else None,
+        )
+
+    def keys(self, table: Mapping, allowed: tuple, field: tuple) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
+                raise self.error(field + (key,), f"unknown key {key!r}{hint}")
+
+    def table(self, value: Any, field: tuple) -> dict:
+        if not isinstance(value, Mapping):
+            raise self.error(field, f"must be a table (key = value pairs), not {_kind(value)}")
+        return dict(value)
+
+    def string(self, value: Any, field: tuple, choices: tuple | None = None) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.error(field, f"must be a non-empty string, not {_kind(value)}")
+        if choices is not None and value not in choices:
+            raise self.error(field, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def number(self, value: Any, field: tuple, *, positive: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(field, f"must be a number, not {_kind(value)}")
+        value = float(value)
+        if math.isnan(value) or (positive and not (value > 0 and math.isfinite(value))):
+            raise self.error(field, f"must be a {'positive finite ' if positive else ''}number, not {value}")
+        return value
+
+    def integer(self, value: Any, field: tuple, *, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(field, f"must be an integer of at least {minimum}, not {value!r}")
+        return value
+
+    def names(self, value: Any, field: tuple) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.error(field, f"must be a list of names (strings), not {_kind(value)}")
+        dup = sorted({v for v in value if value.count(v) > 1})
+        if dup:
+            raise self.error(field, f"names {dup} appear twice")
+        return list(value)
+
+    def known(self, name: str, known: Any, field: tuple, what: str) -> None:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(map(str, known)) or 'none'}"
+            raise self.error(field, f"unknown {what} {name!r}{hint}")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_study(path: Any) -> StudyFile:
+    """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation).
+
+    Args:
+        path: the study file.
+
+    Returns:
+        A :class:`StudyFile`, holding the ``ds.Study`` and the file's solver and fit settings.
+
+    Raises:
+        StudyFileError: (a ``ValueError``) naming the file, the line and the field: a TOML syntax
+            error, an unknown or missing key, a missing or malformed data file, data whose shape
+            does not match the observables, an unknown parameter, species or observable, or an
+            unsupported format version.
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise StudyFileError(f"not valid TOML: {exc}", path=path, line=int(match.group(1)) if match else None) from None
+    r = _Reader(path, text)
+    r.keys(doc, TOP_KEYS, ())
+    if "format" not in doc:
+        raise r.error((), f'the first line must name the format: format = "{FORMAT}"')
+    fmt = r.string(doc["format"], ("format",))
+    if fmt != FORMAT:
+        if fmt.startswith(FORMAT_PREFIX):
+            raise r.error(("format",), f"version {fmt!r} is not supported by this diffsoup; it reads {FORMAT!r}")
+        raise r.error(("format",), f"{fmt!r} is not a diffsoup study file format; write format = {FORMAT!r}")
+    name = r.string(doc.get("name", path.stem), ("name",))
+    levels = r.names(doc.get("levels", []), ("levels",))
+    problem = _model(r, r.table(doc.get("model", None) or _missing(r, "model"), ("model",)), path.parent)
+    states = tuple(problem.state_names)
+    model_parameters = tuple(problem.parameter_names)
+    expressions = _expressions(r, r.table(doc.get("observables", {}), ("observables",)), states, model_parameters)
+    solver = _solver(r, r.table(doc.get("solver", {}), ("solver",)))
+    fit = _fit(r, r.table(doc.get("fit", {}), ("fit",)))
+    default_noise = _noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",))
+    raw_parameters = doc.get("parameters", None)
+    if not isinstance(raw_parameters, list) or not raw_parameters:
+        raise r.error(("parameters",), "give at least one [[parameters]] table (name, nominal, lower, upper)")
+    parameters = [_parameter(r, p, ("parameters", i), levels) for i, p in enumerate(raw_parameters)]
+    study_names = {p.name for p in parameters}
+    raw_experiments = doc.get("experiments", None)
+    if not isinstance(raw_experiments, list) or not raw_experiments:
+        raise r.error(("experiments",), "give at least one [[experiments]] table (id, data)")
+    context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
+                                 study_names, levels)  # fmt: skip
+    experiments, observed = [], {}
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_experiments):
+        e, names = context.experiment(raw, ("experiments", i))
+        if e.id in seen:
+            raise r.error(("experiments", i, "id"), f"id {e.id!r} is also experiments[{seen[e.id]}]'s; ids must be unique")
+        seen[e.id] = i
+        experiments.append(e)
+        observed[e.id] = names
+    from ._study import Study
+
+    try:
+        study = Study(problem, experiments, parameters, levels=levels)
+    except ValueError as exc:  # what only the whole study can tell (levels, sigma parameters)
+        raise _locate(r, exc, seen) from None
+    return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit, observables=observed,
+                     description=str(doc.get("description", "")))  # fmt: skip
+
+
+def _missing(r: _Reader, key: str):
+    raise r.error((), f"the [{key}] table is missing")
+
+
+def _locate(r: _Reader, exc: Exception, index: Mapping[str, int]) -> StudyFileError:
+    match = re.match(r"(?:Study: )?Experiment '([^']*)'", str(exc))
+    if match and match.group(1) in index:
+        return r.error(("experiments", index[match.group(1)]), str(exc))
+    match = re.search(r"Parameter '([^']*)'", str(exc))
+    return r.error(("parameters",), str(exc)) if match else r.error((), str(exc))
+
+
+def _model(r: _Reader, table: dict, base: Path):
+    """The built ``Problem`` of ``[model]``."""
+    import diffsoup as ds
+
+    r.keys(table, MODEL_KEYS, ("model",))
+    has_network, has_python = "reactions" in table or "species" in table, "python" in table
+    if has_network == has_python:
+        raise r.error(("model",), "give either species + reactions (a reaction network) or python = "
+                      '"file.py:function" (a function returning a ProblemSpec, ReactionNetwork or Problem)')
+    field = ("model",)
+    if has_network:
+        species = r.names(table.get("species", None) or [], ("model", "species"))
+        if not species:
+            raise r.error(("model", "species"), "list the species, e.g. species = [\"A\", \"B\"]")
+        reactions = table.get("reactions", None)
+        if not isinstance(reactions, list) or not reactions:
+            raise r.error(("model", "reactions"), 'list the reactions, e.g. reactions = [["A -> B", "k1"]]')
+        rows = []
+        for i, rxn in enumerate(reactions):
+            if not (isinstance(rxn, list) and len(rxn) == 2 and all(isinstance(x, str) and x for x in rxn)):
+                raise r.error(("model", "reactions"), f"reaction {i} is {rxn!r}; write [\"A + B -> C\", \"rate_name\"]")
+            rows.append(tuple(rxn))
+        rates = _values(r, table.get("parameters", {}), ("model", "parameters"))
+        named = [rate for _, rate in rows]
+        for k in rates:
+            r.known(k, named, ("model", "parameters", k), "rate constant (not used by any reaction)")
+        try:
+            network = ds.ReactionNetwork(species, rows, {k: rates.get(k, 1.0) for k in dict.fromkeys(named)})
+        except ValueError as exc:
+            raise r.error(("model", "reactions"), str(exc)) from None
+        y0_values = _values(r, table.get("y0", {}), ("model", "y0"))
+        for k in y0_values:
+            r.known(k, species, ("model", "y0", k), "species")
+        spec = network.to_spec(y0=[y0_values.get(s, 0.0) for s in species])
+    else:
+        for key in ("parameters", "y0"):
+            if key in table:
+                raise r.error(("model", key), "belongs to a reaction network; a python model sets its own")
+        spec = _python_model(r, r.string(table["python"], ("model", "python")), base)
+    solver_name = r.string(table.get("linear_solver", "auto"), ("model", "linear_solver"), LINEAR_SOLVERS)
+    precision_name = r.string(table.get("precision", "fp64"), ("model", "precision"), PRECISIONS)
+    if isinstance(spec, ds.Problem):
+        if "linear_solver" in table or "precision" in table:
+            raise r.error(field, "the python function returned a built Problem; return its ProblemSpec to set "
+                          "linear_solver or precision here")  # fmt: skip
+        return spec
+    if isinstance(spec, ds.ReactionNetwork):
+        spec = spec.to_spec()
+    if not isinstance(spec, ds.ProblemSpec):
+        raise r.error(("model", "python"), f"returned {type(spec).__name__}; it must return a ProblemSpec, "
+                      "ReactionNetwork or Problem")  # fmt: skip
+    linear = {"auto": None, "dense": ds.linear.Dense, "klu": ds.linear.KLU, "cudss": ds.linear.CuDSS}[solver_name]
+    try:
+        return spec.build(precision=getattr(ds.Precision, precision_name)(), linear_solver=linear() if linear else None)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise r.error(field, f"the model does not build: {exc}") from None
+
+
+def _python_model(r: _Reader, target: str, base: Path):
+    field = ("model", "python")
+    if ":" not in target:
+        raise r.error(field, f"{target!r} must read file.py:function or package.module:function")
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py"):
+        file = (base / where).resolve()
+        if not file.is_file():
+            raise r.error(field, f"model file {where!r} not found (looked for {file})")
+        # Not registered in sys.modules: cloudpickle then sends the model's functions to Dask
+        # workers by value, so workers need not see the file on their path.
+        spec = importlib.util.spec_from_file_location(f"diffsoup_study_model_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise r.error(field, f"importing {file} failed: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise r.error(field, f"cannot import {where!r}: {exc}") from None
+    if not hasattr(module, attr):
+        raise r.error(field, f"{where!r} has no {attr!r}")
+    value = getattr(module, attr)
+    if callable(value) and not hasattr(value, "build") and not hasattr(value, "state_names"):
+        try:
+            value = value()
+        except Exception as exc:
+            raise r.error(field, f"calling {attr}() failed: {type(exc).__name__}: {exc}") from None
+    return value
+
+
+def _values(r: _Reader, table: Any, field: tuple) -> dict[str, float]:
+    table = r.table(table, field)
+    return {k: r.number(v, field + (k,)) for k, v in table.items()}
+
+
+def _solver(r: _Reader, table: dict):
+    from ._problem import SolverOptions
+
+    r.keys(table, SOLVER_KEYS, ("solver",))
+    values = {}
+    for key in ("rtol", "atol"):
+        if key in table:
+            values[key] = r.number(table[key], ("solver", key), positive=True)
+    for key in ("max_steps", "checkpoints"):
+        if key in table:
+            values[key] = r.integer(table[key], ("solver", key), minimum=1)
+    return SolverOptions(**values)
+
+
+def _fit(r: _Reader, table: dict) -> dict:
+    from ._fit import METHODS
+
+    r.keys(table, FIT_KEYS, ("fit",))
+    max_nfev = table.get("max_nfev", None)
+    return {
+        "method": r.string(table.get("method", "trf"), ("fit", "method"), METHODS),
+        "starts": r.integer(table.get("starts", 4), ("fit", "starts"), minimum=1),
+        "seed": r.integer(table.get("seed", 0), ("fit", "seed")),
+        "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
+        "objective": r.string(table.get("objective", "nll"), ("fit", "objective"), OBJECTIVES),
+    }
+
+
+def _noise(r: _Reader, table: Any, field: tuple):
+    from ._experiment import Gaussian, LogNormal
+
+    table = r.table(table, field)
+    r.keys(table, NOISE_KEYS, field)
+    model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
+    sigma = table.get("sigma", 1.0 if model == "gaussian" else 0.1)
+    if not isinstance(sigma, str):
+        sigma = r.number(sigma, field + ("sigma",), positive=True)
+    return (Gaussian if model == "gaussian" else LogNormal)(sigma)
+
+
+def _parameter(r: _Reader, raw: Any, field: tuple, levels: list[str]):
+    from ._study import EXPERIMENT_LEVEL, SCALES, Parameter
+
+    raw = r.table(raw, field)
+    r.keys(raw, PARAMETER_KEYS, field)
+    if "name" not in raw or "nominal" not in raw:
+        raise r.error(field, "a parameter needs name and nominal (and lower, upper to be estimated)")
+    values: dict[str, Any] = {"name": r.string(raw["name"], field + ("name",))}
+    for key in ("nominal", "lower", "upper"):
+        if key in raw:
+            values[key] = r.number(raw[key], field + (key,))
+    if "scale" in raw:
+        values["scale"] = r.string(raw["scale"], field + ("scale",), SCALES)
+    if "estimate" in raw:
+        if not isinstance(raw["estimate"], bool):
+            raise r.error(field + ("estimate",), f"must be true or false, not {raw['estimate']!r}")
+        values["estimate"] = raw["estimate"]
+    if "level" in raw:
+        values["level"] = r.string(raw["level"], field + ("level",))
+        r.known(values["level"], levels + [EXPERIMENT_LEVEL], field + ("level",), "level")
+    try:
+        return Parameter(**values)
+    except ValueError as exc:
+        raise r.error(field, str(exc)) from None
+
+
+def _expressions(r: _Reader, table: dict, states: tuple, model_parameters: tuple) -> dict[str, Callable]:
+    out = {}
+    for name, text in table.items():
+        field = ("observables", name)
+        if name in states:
+            raise r.error(field, f"observable {name!r} has a species' name; give it another name")
+        text = r.string(text, field)
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            raise r.error(field, f"{text!r} is not an expression: {exc.msg}") from None
+        _check_expression(r, tree.body, field, states, model_parameters)
+        out[name] = tree.body
+    return out
+
+
+_BINARY = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide", ast.Pow: "power"}
+
+
+def _check_expression(r: _Reader, node: ast.AST, field: tuple, states: tuple, model_parameters: tuple) -> None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return
+    if isinstance(node, ast.Name):
+        if node.id not in states and node.id not in model_parameters:
+            r.known(node.id, states + model_parameters, field, "species or model parameter")
+        return
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        _check_expression(r, node.left, field, states, model_parameters)
+        _check_expression(r, node.right, field, states, model_parameters)
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        _check_expression(r, node.operand, field, states, model_parameters)
+        return
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EXPRESSION_FUNCTIONS
+            and len(node.args) == 1 and not node.keywords):  # fmt: skip
+        _check_expression(r, node.args[0], field, states, model_parameters)
+        return
+    raise r.error(field, f"{ast.unparse(node)!r} is not allowed: use numbers, species, model parameters, "
+                  f"+ - * / ** and {', '.join(EXPRESSION_FUNCTIONS)}")  # fmt: skip
+
+
+def _evaluate(node: ast.AST, y, p, index: Mapping[str, int]):
+    import jax.numpy as jnp
+
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return y[index[node.id]] if node.id in index else p[node.id]
+    if isinstance(node, ast.BinOp):
+        return getattr(jnp, _BINARY[type(node.op)])(_evaluate(node.left, y, p, index), _evaluate(node.right, y, p, index))
+    if isinstance(node, ast.UnaryOp):
+        value = _evaluate(node.operand, y, p, index)
+        return -value if isinstance(node.op, ast.USub) else value
+    return getattr(jnp, node.func.id)(_evaluate(node.args[0], y, p, index))
+
+
+class _Observables:
+    """``observables(y, p)`` of named species and expressions; one object per name list, so that
+    experiments observing the same names are evaluated together."""
+
+    def __init__(self, names: tuple, states: tuple, expressions: Mapping[str, ast.AST]):
+        self.names, self.states = names, states
+        self.nodes = {n: expressions[n] for n in names if n in expressions}
+        self.index = {s: i for i, s in enumerate(states)}
+
+    def __call__(self, y, p):
+        import jax.numpy as jnp
+
+        values = [_evaluate(self.nodes[n], y, p, self.index) if n in self.nodes else y[self.index[n]]
+                  for n in self.names]  # fmt: skip
+        return jnp.stack([jnp.asarray(v, dtype=y.dtype) * jnp.ones((), y.dtype) for v in values])
+
+    def __repr__(self) -> str:
+        return f"observables({', '.join(self.names)})"
+
+
+class _ExperimentContext:
+    def __init__(self, r, base, states, model_parameters, expressions, default_noise, study_names, levels):
+        self.r, self.base = r, base
+        self.states, self.model_parameters = states, model_parameters
+        self.expressions, self.default_noise = expressions, default_noise
+        self.study_names, self.levels = study_names, levels
+        self.observable_functions: dict[tuple, Any] = {}
+        self.tables: dict[Path, tuple] = {}
+
+    def experiment(self, raw: Any, field: tuple):
+        from ._experiment import Experiment
+
+        r = self.r
+        raw = r.table(raw, field)
+        r.keys(raw, EXPERIMENT_KEYS, field)
+        for key in ("id", "data"):
+            if key not in raw:
+                raise r.error(field, f"an experiment needs {key} = ...")
+        eid = r.string(raw["id"], field + ("id",))
+        if "[" in eid or "]" in eid:
+            raise r.error(field + ("id",), f"{eid!r} must not hold '[' or ']' (they name level members)")
+        times, columns, data, sigmas = self.data(r.string(raw["data"], field + ("data",)), eid, field + ("data",))
+        if "observables" in raw:
+            names = r.names(raw["observables"], field + ("observables",))
+            for n in names:
+                r.known(n, list(self.states) + list(self.expressions), field + ("observables",), "observable "
+                        "(a species or an [observables] name)")  # fmt: skip
+                if n not in columns:
+                    raise r.error(field + ("data",), f"the data file has no column {n!r} for observable {n!r} "
+                                  f"(its columns: {', '.join(columns)})")  # fmt: skip
+            order = [columns.index(n) for n in names]
+            data, sigmas = data[:, order], sigmas[:, order]
+        else:
+            names = list(columns)
+            for n in names:
+                if n not in self.states and n not in self.expressions:
+                    raise r.error(field + ("data",), f"column {n!r} of the data file is neither a species nor an "
+                                  f"[observables] name; species: {', '.join(self.states)}")  # fmt: skip
+        observables = self.observables(tuple(names))
+        noise = self.default_noise if "noise" not in raw else _noise(r, raw["noise"], field + ("noise",))
+        if np.any(np.isfinite(sigmas)):
+            if isinstance(noise.sigma, str):
+                raise r.error(field + ("data",), "the data file gives sigma: columns but the noise's sigma is the "
+                              f"estimated parameter {noise.sigma!r}; keep one")  # fmt: skip
+            sigmas = np.where(np.isfinite(sigmas), sigmas, noise.sigma)
+            noise = type(noise)(sigmas)
+        if isinstance(noise.sigma, str):
+            r.known(noise.sigma, self.study_names, field + ("noise", "sigma"), "study parameter")
+        conditions = _values(r, raw.get("conditions", {}), field + ("conditions",))
+        for k in conditions:
+            r.known(k, self.model_parameters, field + ("conditions", k), "model parameter")
+        mapping = r.table(raw.get("parameters", {}), field + ("parameters",))
+        for k, v in mapping.items():
+            r.known(k, self.model_parameters, field + ("parameters", k), "model parameter")
+            r.known(r.string(v, field + ("parameters", k)), self.study_names, field + ("parameters", k), "study parameter")
+        y0 = None
+        if "y0" in raw:
+            y0 = _values(r, raw["y0"], field + ("y0",))
+            for k in y0:
+                r.known(k, self.states, field + ("y0", k), "species")
+        groups = r.table(raw.get("groups", {}), field + ("groups",))
+        for k, v in groups.items():
+            r.known(k, self.levels, field + ("groups", k), "level")
+            r.string(v, field + ("groups", k))
+        for level in self.levels:
+            if level not in groups:
+                raise r.error(field + ("groups",), f"names no member of level {level!r}; write groups = {{{level} = \"...\"}}")
+        t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
+        trajectory = self.multishoot(raw["multishoot"], field + ("multishoot",)) if "multishoot" in raw else None
+        try:
+            experiment = Experiment(eid, times, data, observables=observables, noise=noise, conditions=conditions,
+                                    parameters=mapping, y0=y0, groups=groups, t0=t0, trajectory=trajectory)  # fmt: skip
+        except (ValueError, TypeError) as exc:
+            raise r.error(field, str(exc)) from None
+        return experiment, names
+
+    def observables(self, names: tuple):
+        if names == self.states:
+            return None  # every state observed in order: data-initialized window starts work
+        if names not in self.observable_functions:
+            self.observable_functions[names] = _Observables(names, self.states, self.expressions)
+        return self.observable_functions[names]
+
+    def multishoot(self, raw: Any, field: tuple):
+        from ._multishoot import Multishoot
+
+        raw = self.r.table(raw, field)
+        self.r.keys(raw, MULTISHOOT_KEYS, field)
+        try:
+            return Multishoot(**raw)
+        except (ValueError, TypeError) as exc:
+            raise self.r.error(field, str(exc)) from None
+
+    def data(self, name: str, eid: str, field: tuple):
+        """(times, observable columns, values (m, k), sigmas (m, k) NaN where not given) of one experiment."""
+        file = (self.base / name).resolve()
+        if not file.is_file():
+            raise self.r.error(field, f"data file {name!r} not found (looked for {file})")
+        if file not in self.tables:
+            self.tables[file] = _read_csv(self.r, file)
+        header, rows, lines = self.tables[file]
+        if "experiment" in header:
+            col = header.index("experiment")
+            keep = [i for i, row in enumerate(rows) if row[col] == eid]
+            if not keep:
+                raise self.r.error(field, f"{name} has no rows whose experiment column is {eid!r}")
+            rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
+        names = [h for h in header if h not in ("time", "experiment") and not h.startswith("sigma:")]
+        if not names:
+            raise StudyFileError("no observable columns besides time", path=file, line=1)
+        for h in header:
+            if h.startswith("sigma:") and h[6:] not in names:
+                raise StudyFileError(f"column {h!r} names no observable column", path=file, line=1)
+        values = np.full((len(rows), len(names)), np.nan)
+        sigmas = np.full((len(rows), len(names)), np.nan)
+        times = np.empty(len(rows))
+        for i, (row, line) in enumerate(zip(rows, lines)):
+            times[i] = _cell(row[header.index("time")], file, line, "time")
+            for j, n in enumerate(names):
+                values[i, j] = _cell(row[header.index(n)], file, line, n, missing=True)
+                if f"sigma:{n}" in header:
+                    sigmas[i, j] = _cell(row[header.index(f"sigma:{n}")], file, line, f"sigma:{n}", missing=True)
+        if times.size and np.any(np.diff(times) < 0):
+            i = int(np.nonzero(np.diff(times) < 0)[0][0])
+            raise StudyFileError(f"times are out of order for experiment {eid!r} ({times[i]} then {times[i + 1]}); "
+                                 "sort the rows by time", path=file, line=lines[i + 1])  # fmt: skip
+        return times, names, values, sigmas
+
+
+def _read_csv(r: _Reader, file: Path):
+    with open(file, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise StudyFileError("the file is empty; it needs a header line (time, observables...)", path=file,
+                                 line=1) from None  # fmt: skip
+        if "time" not in header:
+            raise StudyFileError(f"the header {header} has no 'time' column", path=file, line=1)
+        dup = sorted({h for h in header if header.count(h) > 1})
+        if dup:
+            raise StudyFileError(f"columns {dup} appear twice in the header", path=file, line=1)
+        rows, lines = [], []
+        for row in reader:
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise StudyFileError(f"{len(row)} values where the header has {len(header)} columns", path=file,
+                                     line=reader.line_num)  # fmt: skip
+            rows.append([c.strip() for c in row])
+            lines.append(reader.line_num)
+    if not rows:
+        raise StudyFileError("the file has a header but no data rows", path=file, line=1)
+    return header, rows, lines
+
+
+def _cell(text: str, file: Path, line: int, column: str, *, missing: bool = False) -> float:
+    if missing and text.lower() in ("", "nan", "na"):
+        return math.nan
+    try:
+        value = float(text)
+    except ValueError:
+        raise StudyFileError(f"column {column!r}: {text!r} is not a number", path=file, line=line) from None
+    if not math.isfinite(value):
+        raise StudyFileError(f"column {column!r}: {text!r} must be finite (leave a missing value empty)",
+                             path=file, line=line) from None  # fmt: skip
+    return value

@@ -1,0 +1,6 @@
+"""PNG figures of fits and simulations (matplotlib, drawn off-screen): each experiment's model
+against its data, the multistart waterfall, and the parameter estimates with standard errors."""
+
+from ._figures import plot_estimates as plot_estimates
+from ._figures import plot_fits as plot_fits
+from ._figures import plot_waterfall as plot_waterfall

@@ -1,0 +1,361 @@
+"""Fit, campaign and simulation of a study file, with results, summary and plots.
+
+Output directory layout (each command writes its own files; reruns replace them)::
+
+    <out>/results.zarr       fit / campaign: the best fit (diffsoup.store.write_fit)
+    <out>/simulation.zarr    simulate: trajectories at the measurement times (write_simulation)
+    <out>/summary.json       a short summary: objective, estimates, standard errors, starts, status
+    <out>/campaign.json      campaign: the JSON ledger of the starts (a rerun resumes from it)
+    <out>/plots/fits.png     each experiment's model against its data
+    <out>/plots/waterfall.png, <out>/plots/estimates.png   fit / campaign
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+SUMMARY_FORMAT = "diffsoup.summary/1"
+CURVE_POINTS = 120
+
+
+def _study_file(study: Any):
+    from ..inference import StudyFile, load_study
+
+    return study if isinstance(study, StudyFile) else load_study(study)
+
+
+def study_digest(study_file: Any) -> str:
+    """A SHA-256 (16 hex digits) of a study file and the data files it reads: the campaign's items
+    carry it, so a ledger written for another version of the study is not resumed silently."""
+    path = Path(getattr(study_file, "path", study_file))
+    import tomllib
+
+    h = hashlib.sha256(path.read_bytes())
+    doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    files = sorted({e.get("data") for e in doc.get("experiments", []) if isinstance(e, dict) and e.get("data")})
+    for name in files:
+        data = path.parent / name
+        if data.is_file():
+            h.update(name.encode() + b"\0" + data.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _lower_here(sf: Any):
+    return sf.lower()
+
+
+def _status_counts(predictions: Mapping[str, dict]) -> dict[str, int]:
+    from ..integrate import Status
+
+    return dict(Counter(Status(int(p["status"])).name for p in predictions.values()))
+
+
+def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, plots: bool, log: Callable,
+                extra: Mapping[str, Any]) -> dict:  # fmt: skip
+    """Write the fit's store, plots and summary; return the summary."""
+    from ..store import write_fit, write_summary
+
+    prob = lowered.problem
+    log(f"[diffsoup] writing results to {out} ...")
+    predictions = prob.predict(result.theta, points=CURVE_POINTS)
+    store = write_fit(result, out / "results.zarr", lowered, overwrite=True, observables=sf.observables,
+                      predictions=predictions)  # fmt: skip
+    pictures = []
+    if plots:
+        from ..plots import plot_estimates, plot_fits, plot_waterfall
+
+        pictures.append(plot_fits(sf.study, predictions, out / "plots" / "fits.png", observables=sf.observables,
+                                  title=f"{sf.name}: model (lines) against data (dots)"))  # fmt: skip
+        pictures.append(plot_waterfall([s.objective for s in result.starts], out / "plots" / "waterfall.png",
+                                       title=f"{sf.name}: multistart waterfall"))  # fmt: skip
+        k = getattr(prob, "n_parameters", len(result.theta_names))
+        names = list(result.theta_names[:k])
+        pictures.append(plot_estimates(
+            names, result.theta[:k], [result.standard_errors[n] for n in names], out / "plots" / "estimates.png",
+            lower=np.asarray(lowered.lower)[:k], upper=np.asarray(lowered.upper)[:k],
+            scale_label="estimate in the optimizer's coordinates (log10 for log10-scaled parameters)",
+            title=f"{sf.name}: estimates (grey: bounds)"))  # fmt: skip
+    objectives = np.array([s.objective for s in result.starts])
+    finite = objectives[np.isfinite(objectives)]
+    failures: Counter = Counter()
+    for s in result.starts:
+        for eid, name, count in s.failures:
+            failures[f"{eid}:{name}"] += count
+    summary = {
+        "format": SUMMARY_FORMAT, "command": command, "study": sf.name, "study_file": str(sf.path.resolve()),
+        "experiments": len(sf.study.experiments), "objective": float(result.objective),
+        "parameters": {k: float(v) for k, v in result.parameters.items()},
+        "standard_errors": {k: float(result.standard_errors[k]) for k in result.parameters},
+        "scales": {p.name: p.scale for p in sf.study.parameters},
+        "method": result.method,
+        "starts": {"total": int(objectives.size), "finished": int(finite.size),
+                   "at_best": int(np.sum(finite - finite.min() <= 0.1)) if finite.size else 0,
+                   "best": int(result.best), "message": result.message},
+        "evaluations": int(result.n_evaluations), "seconds": round(float(result.seconds), 3),
+        "experiment_status": _status_counts(predictions), "failed_solves_during_fit": dict(failures),
+        "results": str(store.resolve()), "plots": [str(p.resolve()) for p in pictures], **extra,
+    }  # fmt: skip
+    write_summary(out / "summary.json", summary)
+    return summary
+
+
+def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = None, starts: int | None = None,
+              seed: int | None = None, max_nfev: int | None = None, progress: bool = True, plots: bool = True,
+              log: Callable = print) -> dict:  # fmt: skip
+    """Fit a study file: multistart, the study lowered over the workers of ``client`` (by
+    ``ds.distributed.run``: each worker holds a shard of the experiments) or, with
+    ``client=None``, in this process.
+
+    Args:
+        study: the study file (a path or a loaded ``StudyFile``).
+        out: the output directory (created).
+        client: a ``distributed.Client``, or None to fit here.
+        method, starts, seed, max_nfev: override the file's ``[fit]`` settings.
+        progress: progress bars on stderr.
+        plots: write the PNG plots.
+        log: where progress lines go.
+
+    Returns:
+        The summary (also written to ``<out>/summary.json``).
+    """
+    from ..inference import fit
+
+    sf = _study_file(study)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = _settings(sf, method, starts, seed, max_nfev)
+    log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
+        f"{sum(p.estimate for p in sf.study.parameters)} estimated parameters, {settings['starts']} starts "
+        f"({settings['method']}), {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
+    extra: dict[str, Any] = {"where": _describe(client) if client is not None else "in-process"}
+    start = time.perf_counter()
+    fit_options = dict(method=settings["method"], starts=settings["starts"], seed=settings["seed"],
+                       max_nfev=settings["max_nfev"], progress=progress)  # fmt: skip
+    if client is None:
+        lowered = _lower_here(sf)
+        result = fit(lowered, **fit_options)
+        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
+    from ..distributed import run
+
+    with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
+        if getattr(lowered, "dashboard", None):
+            log(f"[diffsoup] Dask dashboard: {lowered.dashboard}/status (studies: {lowered.dashboard}/diffsoup/studies.json)")
+            extra["dashboard"] = lowered.dashboard
+        result = fit(lowered, **fit_options)
+        extra["wall_seconds"] = round(time.perf_counter() - start, 3)
+        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
+
+
+def _settings(sf: Any, method, starts, seed, max_nfev) -> dict:
+    from ..inference._fit import METHODS
+
+    s = dict(sf.fit)
+    for key, value in (("method", method), ("starts", starts), ("seed", seed), ("max_nfev", max_nfev)):
+        if value is not None:
+            s[key] = value
+    if s["method"] not in METHODS:
+        raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
+    if s["starts"] < 1:
+        raise ValueError(f"starts={s['starts']} must be at least 1.")
+    return s
+
+
+def _describe(client: Any) -> str:
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        return f"Dask scheduler {client.scheduler.address} ({len(workers)} workers now)"
+    except Exception:  # noqa: BLE001 (a description must not fail)
+        return "a Dask cluster"
+
+
+# --------------------------------------------------------------------------------------------
+# Campaign: one task per start
+# --------------------------------------------------------------------------------------------
+
+_LOWERED: dict[tuple, Any] = {}
+
+
+class FitStartTask:
+    """A campaign task: one fit start of a study file, run where the task lands.
+
+    The study file is read (and lowered) once per process and kept, keyed by its path and digest,
+    so the tasks a worker runs share one compiled study. Window starts of multiple-shooting
+    experiments come from the shared store (``DIFFSOUP_CACHE_DIR``) when present.
+    """
+
+    def __init__(self, study_path: str, method: str, max_nfev: int | None):
+        self.study_path, self.method, self.max_nfev = study_path, method, max_nfev
+
+    def __call__(self, item: Mapping[str, Any]) -> dict:
+        from ..inference import fit, window_solves
+
+        key = (self.study_path, item["study_digest"])
+        solves_before = window_solves()
+        built_here = key not in _LOWERED
+        if built_here:
+            _LOWERED.clear()  # one study per worker process at a time
+            _LOWERED[key] = _lower_here(_study_file(self.study_path))
+        lowered = _LOWERED[key]
+        x0 = np.asarray(item["x0"], dtype=np.float64)
+        result = fit(lowered, starts=x0[None], method=self.method, max_nfev=self.max_nfev)
+        s = result.starts[0]
+        return {
+            "x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
+            "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
+            "n_iterations": s.n_iterations, "seconds": s.seconds,
+            "failures": [list(f) for f in s.failures], "window_solves": window_solves() - solves_before,
+            "built_here": built_here, "host": os.uname().nodename, "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        }  # fmt: skip
+
+
+def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | None = None, seed: int | None = None,
+                   method: str | None = None, max_nfev: int | None = None, resume: bool = True,
+                   on_conflict: str = "error", progress: bool = True, plots: bool = True,
+                   log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
+    """A multistart campaign on a study file: each start is a ``checkpointed_map`` task (a Dask task
+    on a worker offering ``GPU=1`` when ``client`` is given, else run here), recorded in the ledger
+    ``<out>/campaign.json``, so a rerun -- after a crash, a cancelled allocation, a lost worker --
+    runs only the starts not yet finished. The best start is then written as a fit.
+
+    Args:
+        study: the study file (a path or a loaded ``StudyFile``).
+        out: the output directory (holds the ledger).
+        client: a ``distributed.Client``, or None to run the starts here one after another.
+        starts, seed, method, max_nfev: override the file's ``[fit]`` settings; the start points
+            are Latin hypercube samples fixed by ``seed``.
+        resume, on_conflict: as for ``checkpointed_map``.
+        no_worker_timeout: seconds a start may wait for a worker (None: for ever, as when workers
+            come from a batch queue).
+
+    Returns:
+        The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
+        resumed from the ledger, window-start solves done in this run (here and by its tasks; 0
+        when every window start came from the shared store), and the SLURM jobs that ran tasks.
+    """
+    from ..distributed import checkpointed_map
+    from ..inference import FitResult, StartResult
+    from ..inference._fit import latin_hypercube
+
+    sf = _study_file(study)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = _settings(sf, method, starts, seed, max_nfev)
+    from ..inference import InferenceProblem, window_solves
+
+    solves_before = window_solves()
+    # The bounds and nominal point of theta, without compiling anything here.
+    problem = InferenceProblem(sf.study, objective=sf.fit["objective"], solver=sf.solver)
+    lo, hi, nominal = np.asarray(problem.lower), np.asarray(problem.upper), np.asarray(problem.nominal)
+    sampled = np.isfinite(lo) & np.isfinite(hi)
+    points = np.repeat(nominal[None], settings["starts"], axis=0)
+    if np.any(sampled):
+        points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], settings["starts"], settings["seed"])
+    digest = study_digest(sf)
+    items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest}
+             for i, p in enumerate(points)]  # fmt: skip
+    ledger = out / "campaign.json"
+    log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({settings['method']}), ledger {ledger}, "
+        f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
+    task = FitStartTask(str(sf.path.resolve()), settings["method"], settings["max_nfev"])
+    t0 = time.perf_counter()
+    began = datetime.now(timezone.utc)
+    options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
+    if client is not None:
+        options.update(execution="dask", client=client, no_worker_timeout=no_worker_timeout)
+    campaign = checkpointed_map(task, items, **options)
+    seconds = time.perf_counter() - t0
+    done = [r for r in campaign.records if r.state == "accepted"]
+    # Accepted by an earlier run: finished before this one began.
+    resumed = sum(1 for r in done if r.finished and datetime.fromisoformat(r.finished) < began)
+    log(f"[diffsoup] campaign: {len(campaign.results)} of {len(items)} starts finished, "
+        f"{len(campaign.failures)} failed")  # fmt: skip
+    if not campaign.results:
+        raise RuntimeError(f"campaign: every start failed; see {ledger} (first: "
+                           f"{next(iter(campaign.failures.values())).error if campaign.failures else 'none'}).")  # fmt: skip
+    results = []
+    for item in items:
+        r = campaign.results.get(item["task_id"])
+        if r is None:
+            continue
+        objective = float("inf") if r["objective"] is None else float(r["objective"])
+        results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
+                                   str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
+                                   float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
+    lowered = _lower_here(sf)
+    result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds)
+    fresh = [r.result for r in done if not (r.finished and datetime.fromisoformat(r.finished) < began)]
+    solves = window_solves() - solves_before + sum(int(r.get("window_solves", 0)) for r in fresh)
+    if any(e.trajectory is not None for e in sf.study.experiments):
+        log(f"[diffsoup] window-start solves in this run: {solves}"
+            + (" (every window start came from the store)" if solves == 0 else ""))
+    extra = {
+        "where": _describe(client) if client is not None else "in-process",
+        "campaign": {
+            "ledger": str(ledger.resolve()), "tasks": len(items), "accepted": len(done),
+            "failed": len(campaign.failures), "resumed": resumed,
+            "window_solves": int(solves),
+            "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
+        },
+    }  # fmt: skip
+    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
+
+
+# --------------------------------------------------------------------------------------------
+# Simulation
+# --------------------------------------------------------------------------------------------
+
+
+def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | None = None, from_fit: Any = None,
+                   plots: bool = True, log: Callable = print) -> dict:  # fmt: skip
+    """Simulate every experiment of a study file at the nominal parameter values, the estimates of
+    a fit store (``from_fit``), and/or explicit ``parameters`` (linear values by name, applied last);
+    write ``<out>/simulation.zarr``, ``<out>/summary.json`` and ``<out>/plots/fits.png``.
+
+    Raises:
+        ValueError: for a name in ``parameters`` that is not a study parameter.
+    """
+    from ..inference import InferenceProblem
+    from ..store import read_fit, write_simulation, write_summary
+
+    sf = _study_file(study)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    values: dict[str, float] = {}
+    if from_fit is not None:
+        values.update(read_fit(from_fit)["attrs"]["parameters"])
+    values.update(parameters or {})
+    known = {e.name for e in sf.study.entries} | {p.name for p in sf.study.parameters}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"simulate: {unknown} are not parameters of {sf.name}; its parameters: {sorted(known)}.")
+    problem = InferenceProblem(sf.study, objective=sf.fit["objective"], solver=sf.solver, values=values or None)
+    log(f"[diffsoup] simulating {len(sf.study.experiments)} experiments of {sf.name} ...")
+    t0 = time.perf_counter()
+    predictions = problem.predict(problem.nominal, points=CURVE_POINTS)
+    seconds = time.perf_counter() - t0
+    used = {e.name: float(v) for e, v in zip(sf.study.entries, problem.values)}
+    store = write_simulation(out / "simulation.zarr", sf.study, predictions, used, observables=sf.observables,
+                             overwrite=True)  # fmt: skip
+    pictures = []
+    if plots:
+        from ..plots import plot_fits
+
+        pictures.append(plot_fits(sf.study, predictions, out / "plots" / "fits.png", observables=sf.observables,
+                                  title=f"{sf.name}: simulation (lines) and data (dots)"))  # fmt: skip
+    summary = {
+        "format": SUMMARY_FORMAT, "command": "simulate", "study": sf.name, "study_file": str(sf.path.resolve()),
+        "experiments": len(sf.study.experiments), "parameters": used, "seconds": round(seconds, 3),
+        "experiment_status": _status_counts(predictions), "results": str(store.resolve()),
+        "plots": [str(p.resolve()) for p in pictures],
+    }  # fmt: skip
+    write_summary(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,132 @@
+"""The ``diffsoup`` command end to end: the demo on the embedded default (a local Dask cluster),
+fit / campaign / simulate on a study file, results read back with plain zarr, plots written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
+def diffsoup(*args, cwd=None, check=True):
+    proc = subprocess.run([sys.executable, "-m", "diffsoup", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=ENV, timeout=900)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"diffsoup {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def is_png(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 10_000
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """``diffsoup demo`` as the README runs it (small grid and study to keep CI short)."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    proc = diffsoup("demo", "--grid", 8, "--experiments", 10, "-o", out)
+    return out, proc
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_on_a_local_dask_cluster(demo):
+    out, proc = demo
+    text = proc.stdout
+    assert "ROBER to t=1e11" in text and "Brusselator 2-D N=8" in text
+    assert "starting the embedded default: a local Dask cluster" in text
+    assert "Dask dashboard: http://127.0.0.1:" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["where"].startswith("Dask scheduler tcp://127.0.0.1:")
+    assert summary["experiment_status"] == {"SUCCESS": 10}
+    from diffsoup._demo_study import TRUTH
+
+    for name, true in TRUTH.items():  # the synthetic truth is recovered within 4 standard errors
+        z = (np.log10(summary["parameters"][name]) - np.log10(true)) / summary["standard_errors"][name]
+        assert abs(z) < 4, (name, z)
+    assert summary["starts"]["at_best"] >= 2
+
+
+@pytest.mark.slow
+def test_results_store_reads_back_with_plain_zarr(demo):
+    import zarr
+
+    out, _ = demo
+    summary = json.loads((out / "summary.json").read_text())
+    root = zarr.open_group(str(out / "results.zarr"), mode="r")
+    assert root.attrs["format"] == "diffsoup.fit/1" and root.attrs["complete"] is True
+    assert root.attrs["parameters"] == summary["parameters"]
+    theta = root["theta"][...]
+    np.testing.assert_allclose(10.0 ** theta, [summary["parameters"][n] for n in root.attrs["theta_names"]], rtol=1e-12)
+    assert root["starts/objective"].shape == (summary["starts"]["total"],)
+    assert np.min(root["starts/objective"][...]) == pytest.approx(summary["objective"])
+    g = root["experiments/0"]
+    assert g.attrs["id"] == "run00" and g.attrs["status"] == "SUCCESS"
+    assert g.attrs["observables"] == ["S", "P", "bound"]
+    data, obs, states = g["data"][...], g["observables"][...], g["states"][...]
+    assert data.shape == obs.shape == (10, 3) and states.shape == (10, 5)
+    np.testing.assert_allclose(obs[:, 2], states[:, 2] + states[:, 4], rtol=1e-12)  # bound = C + CI
+    assert np.max(np.abs(obs - data)) < 6 * 0.01  # the fit is within a few sigma everywhere
+
+
+@pytest.mark.slow
+def test_demo_plots_are_pngs(demo):
+    out, _ = demo
+    for name in ("fits", "waterfall", "estimates"):
+        assert is_png(out / "plots" / f"{name}.png"), name
+
+
+@pytest.mark.slow
+def test_simulate_from_the_fit_reproduces_the_fitted_observables(demo, tmp_path):
+    import zarr
+
+    out, _ = demo
+    diffsoup("simulate", out / "study.toml", "-o", tmp_path, "--from-fit", out / "results.zarr")
+    sim = zarr.open_group(str(tmp_path / "simulation.zarr"), mode="r")
+    fit = zarr.open_group(str(out / "results.zarr"), mode="r")
+    assert sim.attrs["format"] == "diffsoup.simulation/1"
+    for i in (0, 5):
+        np.testing.assert_allclose(sim[f"experiments/{i}/observables"][...], fit[f"experiments/{i}/observables"][...],
+                                   rtol=1e-10, atol=1e-12)  # fmt: skip
+    assert is_png(tmp_path / "plots" / "fits.png")
+    bad = diffsoup("simulate", out / "study.toml", "-o", tmp_path, "--set", "kcat=x", check=False)
+    assert bad.returncode != 0 and "NAME=VALUE" in bad.stderr
+
+
+@pytest.mark.slow
+def test_campaign_in_process_resumes_from_its_ledger(demo, tmp_path):
+    out, _ = demo
+    first = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
+    assert "2 of 2 starts accepted (0 from an earlier run)" in first.stdout
+    ledger = json.loads((tmp_path / "campaign.json").read_text())
+    assert sorted(ledger["tasks"]) == ["start-000", "start-001"]
+    again = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
+    assert "2 of 2 starts accepted (2 from an earlier run)" in again.stdout
+    other = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--seed", 9, "--in-process",
+                     check=False)  # fmt: skip
+    assert other.returncode == 2 and "--restart" in other.stderr
+
+
+def test_check_reports_a_malformed_file_by_line_and_field(tmp_path):
+    study = tmp_path / "study.toml"
+    study.write_text('format = "diffsoup-study/1"\n[model]\nspecies = ["A"]\nreactions = [["A -> ", "k"]]\n'
+                     'parmeters = { k = 1.0 }\n')  # fmt: skip
+    proc = diffsoup("check", study, check=False)
+    assert proc.returncode == 2
+    assert f"{study}:5: model.parmeters: unknown key 'parmeters'; did you mean 'parameters'?" in proc.stderr
+
+
+def test_every_command_has_help():
+    for command in ("demo", "check", "simulate", "fit", "campaign"):
+        proc = diffsoup(command, "--help")
+        assert "usage: diffsoup " + command in proc.stdout
+    text = diffsoup("fit", "--help").stdout
+    for option in ("--scheduler", "--slurm", "--in-process", "--starts", "--method"):
+        assert option in text
+    assert diffsoup("fit", "nowhere.toml", check=False).returncode == 2

@@ -1,0 +1,263 @@
+"""The study-file loader: a valid file gives the study one would build by hand; malformed files
+are refused with errors naming the file, the line and the field."""
+
+from __future__ import annotations
+
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import diffsoup as ds
+from diffsoup.inference import StudyFileError, load_study
+
+jax.config.update("jax_enable_x64", True)
+
+HEAD = """\
+format = "diffsoup-study/1"
+name = "tiny"
+levels = ["lab"]
+
+[model]
+species = ["A", "B", "C"]
+reactions = [["A -> B", "k1"], ["B -> C", "k2"]]
+parameters = { k1 = 1.0, k2 = 0.5 }
+y0 = { A = 1.0 }
+
+[observables]
+scaled = "2.5 * B + k2 * exp(-C)"
+
+[solver]
+rtol = 1e-9
+atol = 1e-11
+
+[noise]
+sigma = 0.05
+
+[[parameters]]
+name = "k1"
+nominal = 1.0
+lower = 0.1
+upper = 10.0
+level = "lab"
+
+[[parameters]]
+name = "k2"
+nominal = 0.5
+lower = 0.05
+upper = 5.0
+"""
+
+EXPERIMENTS = """
+[[experiments]]
+id = "e1"
+data = "e1.csv"
+groups = { lab = "north" }
+
+[[experiments]]
+id = "e2"
+data = "both.csv"
+observables = ["A", "scaled"]
+y0 = { A = 2.0, B = 0.1 }
+groups = { lab = "south" }
+noise = { model = "lognormal", sigma = 0.1 }
+"""
+
+E1 = "time,A,C\n0.5,0.61,0.05\n1.0,0.37,\n2.0,0.14,0.4\n"
+BOTH = "experiment,time,scaled,A,sigma:A\ne2,0.5,0.9,1.2,0.02\ne2,1.0,1.1,0.74,0.03\nother,1.0,1.0,1.0,0.1\n"
+
+
+def write(tmp_path, text=HEAD + EXPERIMENTS, files=None):
+    files = {"e1.csv": E1, "both.csv": BOTH} if files is None else files
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path, text, files=None) -> StudyFileError:
+    with pytest.raises(StudyFileError) as info:
+        load_study(write(tmp_path, text, files))
+    return info.value
+
+
+def line_of(text: str, needle: str, occurrence: int = 0) -> int:
+    lines = [i + 1 for i, line in enumerate(text.splitlines()) if needle in line]
+    return lines[occurrence]
+
+
+def test_valid_file_gives_the_study_built_by_hand(tmp_path):
+    sf = load_study(write(tmp_path))
+    study = sf.study
+    assert sf.name == "tiny" and study.levels == ("lab",)
+    assert [e.id for e in study.experiments] == ["e1", "e2"]
+    assert study.entry_names == ("k1[north]", "k1[south]", "k2")
+    assert sf.solver.rtol == 1e-9 and sf.fit["method"] == "trf" and sf.fit["starts"] == 4
+    e1, e2 = study.experiments
+    assert sf.observables == {"e1": ["A", "C"], "e2": ["A", "scaled"]}
+    np.testing.assert_array_equal(e1.times, [0.5, 1.0, 2.0])
+    assert np.isnan(e1.data[1, 1]) and e1.data[2, 1] == 0.4
+    # e2 takes its rows of the shared file, its columns in the order asked for, sigma: columns
+    np.testing.assert_array_equal(e2.data, [[1.2, 0.9], [0.74, 1.1]])
+    assert isinstance(e2.noise, ds.inference.LogNormal)
+    np.testing.assert_array_equal(e2.sigma, [[0.02, 0.1], [0.03, 0.1]])
+    assert e2.y0 == {"A": 2.0, "B": 0.1}
+    # The observables evaluate as written: A, C; and A, 2.5 B + k2 exp(-C).
+    y = np.array([0.3, 0.2, 0.7])
+    p = {"k1": 1.0, "k2": 0.5}
+    np.testing.assert_allclose(e1.observables(y, p), [0.3, 0.7])
+    np.testing.assert_allclose(e2.observables(y, p), [0.3, 2.5 * 0.2 + 0.5 * np.exp(-0.7)], rtol=1e-15)
+
+
+def test_study_file_objective_matches_the_same_study_built_by_hand(tmp_path):
+    sf = load_study(write(tmp_path))
+    net = ds.ReactionNetwork(["A", "B", "C"], [("A -> B", "k1"), ("B -> C", "k2")], {"k1": 1.0, "k2": 0.5})
+    problem = net.to_spec(y0=[1.0, 0.0, 0.0]).build()
+    G, L = ds.inference.Gaussian, ds.inference.LogNormal
+    scaled = lambda y, p: jax.numpy.stack([y[0], 2.5 * y[1] + p["k2"] * jax.numpy.exp(-y[2])])  # noqa: E731
+    exps = [
+        ds.Experiment("e1", [0.5, 1.0, 2.0], [[0.61, 0.05], [0.37, np.nan], [0.14, 0.4]],
+                      observables=lambda y, p: jax.numpy.stack([y[0], y[2]]), noise=G(0.05), groups={"lab": "north"}),
+        ds.Experiment("e2", [0.5, 1.0], [[1.2, 0.9], [0.74, 1.1]], observables=scaled,
+                      noise=L(np.array([[0.02, 0.1], [0.03, 0.1]])), y0={"A": 2.0, "B": 0.1}, groups={"lab": "south"}),
+    ]  # fmt: skip
+    P = ds.inference.Parameter
+    by_hand = ds.Study(problem, exps, [P("k1", 1.0, 0.1, 10.0, level="lab"), P("k2", 0.5, 0.05, 5.0)], levels=["lab"])
+    theta = np.log10([1.3, 0.8, 0.4])
+    solver = ds.inference.SolverOptions(rtol=1e-9, atol=1e-11)
+    a = sf.lower().value(theta)
+    b = ds.lower(by_hand, solver=solver).value(theta)
+    assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_toml_syntax_error_names_the_line(tmp_path):
+    text = HEAD.replace("rtol = 1e-9", "rtol = = 1e-9") + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.line == line_of(text, "rtol = = 1e-9")
+    assert "not valid TOML" in str(err) and f"study.toml:{err.line}" in str(err)
+
+
+def test_unknown_key_names_its_line_and_suggests(tmp_path):
+    text = HEAD + EXPERIMENTS.replace('id = "e2"', 'id = "e2"\nconditons = { k2 = 1.0 }')
+    err = error_of(tmp_path, text)
+    assert err.field == "experiments[1].conditons"
+    assert err.line == line_of(text, "conditons")
+    assert "did you mean 'conditions'" in str(err)
+    text = HEAD.replace('name = "tiny"', 'nmae = "tiny"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "nmae" and err.line == 2
+
+
+def test_missing_data_file(tmp_path):
+    err = error_of(tmp_path, HEAD + EXPERIMENTS, files={"e1.csv": E1})
+    assert err.field == "experiments[1].data"
+    assert err.line == line_of(HEAD + EXPERIMENTS, 'data = "both.csv"')
+    assert "'both.csv' not found" in str(err)
+
+
+def test_data_file_with_a_short_row_names_the_csv_line(tmp_path):
+    err = error_of(tmp_path, HEAD + EXPERIMENTS, files={"e1.csv": "time,A,C\n0.5,0.61,0.05\n1.0,0.37\n", "both.csv": BOTH})
+    assert err.path.name == "e1.csv" and err.line == 3
+    assert "2 values where the header has 3 columns" in str(err)
+
+
+def test_data_file_with_text_in_a_number_names_the_csv_line(tmp_path):
+    err = error_of(tmp_path, HEAD + EXPERIMENTS, files={"e1.csv": "time,A,C\n0.5,0.61,0.05\n1.0,lots,0.1\n", "both.csv": BOTH})
+    assert err.path.name == "e1.csv" and err.line == 3 and "'lots' is not a number" in str(err)
+
+
+def test_data_columns_that_are_not_observables(tmp_path):
+    err = error_of(tmp_path, HEAD + EXPERIMENTS, files={"e1.csv": "time,A,D\n0.5,0.61,0.05\n", "both.csv": BOTH})
+    assert err.field == "experiments[0].data" and "column 'D'" in str(err)
+    text = HEAD + EXPERIMENTS.replace('observables = ["A", "scaled"]', 'observables = ["A", "B"]')
+    err = error_of(tmp_path, text)
+    assert err.field == "experiments[1].data" and "no column 'B'" in str(err)
+
+
+def test_negative_sigma_names_the_field(tmp_path):
+    text = HEAD + EXPERIMENTS.replace(
+        'noise = { model = "lognormal", sigma = 0.1 }', 'noise = { model = "lognormal", sigma = -1.0 }')
+    err = error_of(tmp_path, text)
+    assert err.field == "experiments[1].noise.sigma" and "positive" in str(err)
+
+
+@pytest.mark.parametrize(
+    "old, new, field, words",
+    [
+        ('groups = { lab = "north" }', 'groups = { lab = "north" }\nconditions = { k9 = 1.0 }',
+         "experiments[0].conditions.k9", "unknown model parameter 'k9'"),
+        ('groups = { lab = "north" }', 'groups = { lab = "north" }\nparameters = { k1 = "k_one" }',
+         "experiments[0].parameters.k1", "unknown study parameter 'k_one'"),
+        ("y0 = { A = 2.0, B = 0.1 }", "y0 = { A = 2.0, Q = 0.1 }", "experiments[1].y0.Q", "unknown species 'Q'"),
+        ('observables = ["A", "scaled"]', 'observables = ["A", "scaled2"]', "experiments[1].observables",
+         "unknown observable"),
+        ('groups = { lab = "south" }', 'groups = { site = "south" }', "experiments[1].groups.site", "unknown level"),
+        ('groups = { lab = "south" }', "t0 = 0.0", "experiments[1].groups", "level 'lab'"),
+    ],
+)
+def test_unknown_names_in_experiments(tmp_path, old, new, field, words):
+    text = HEAD + EXPERIMENTS.replace(old, new)
+    err = error_of(tmp_path, text)
+    assert err.field == field, str(err)
+    assert words in str(err)
+    assert err.line is not None
+
+
+def test_model_and_parameter_table_errors(tmp_path):
+    text = HEAD.replace('scaled = "2.5 * B + k2 * exp(-C)"', 'scaled = "2.5 * B + kx"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "observables.scaled" and "'kx'" in str(err) and err.line == line_of(text, "scaled = ")
+    text = HEAD.replace('scaled = "2.5 * B + k2 * exp(-C)"', 'scaled = "__import__(1)"') + EXPERIMENTS
+    assert "not allowed" in str(error_of(tmp_path, text))
+    text = HEAD.replace('y0 = { A = 1.0 }', 'y0 = { Z = 1.0 }') + EXPERIMENTS
+    assert error_of(tmp_path, text).field == "model.y0.Z"
+    text = HEAD.replace('level = "lab"', 'level = "site"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "parameters[0].level" and err.line == line_of(text, 'level = "site"')
+    text = HEAD.replace("upper = 10.0", "upper = 0.01") + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "parameters[0]" and "swap them" in str(err)
+
+
+def test_format_line_is_required_and_versioned(tmp_path):
+    err = error_of(tmp_path, HEAD.replace('format = "diffsoup-study/1"\n', "") + EXPERIMENTS)
+    assert "format" in str(err)
+    err = error_of(tmp_path, HEAD.replace("diffsoup-study/1", "diffsoup-study/9") + EXPERIMENTS)
+    assert err.field == "format" and err.line == 1 and "not supported" in str(err)
+
+
+def test_python_model_and_multishoot(tmp_path):
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import jax.numpy as jnp
+        import diffsoup as ds
+
+        def make():
+            def rhs(t, y, p):
+                return jnp.stack([-p["k1"] * y[0], p["k1"] * y[0] - p["k2"] * y[1], p["k2"] * y[1]])
+            return ds.ProblemSpec(rhs, states=["A", "B", "C"], parameters={"k1": 1.0, "k2": 0.5}, y0=[1.0, 0.0, 0.0])
+    """))
+    model = '[model]\npython = "model.py:make"\n'
+    text = HEAD.replace(HEAD[HEAD.index("[model]"):HEAD.index("[observables]")], model)
+    text += EXPERIMENTS.replace('groups = { lab = "north" }', 'groups = { lab = "north" }\nmultishoot = { windows = 2 }')
+    sf = load_study(write(tmp_path, text))
+    assert sf.study.problem.state_names == ("A", "B", "C")
+    assert sf.study.experiments[0].trajectory.n_windows == 2
+    text2 = text.replace("multishoot = { windows = 2 }", "multishoot = { windows = 1 }")
+    err = error_of(tmp_path, text2)
+    assert err.field == "experiments[0].multishoot" and "windows" in str(err)
+    err = error_of(tmp_path, text.replace("model.py:make", "model.py:nothing"))
+    assert err.field == "model.python" and "no 'nothing'" in str(err)
+
+
+def test_demo_study_file_loads_and_recovers_its_truth(tmp_path):
+    from diffsoup._demo_study import TRUTH, write_demo_study
+
+    sf = load_study(write_demo_study(tmp_path, n_experiments=6))
+    assert len(sf.study.experiments) == 6 and sf.observables["run00"] == ["S", "P", "bound"]
+    low = sf.lower()
+    theta_true = np.log10([TRUTH[n] for n in low.problem.theta_names])
+    # the data are the truth plus sigma-scaled noise: chi2 per value at the truth is about 1
+    r = low.residuals(theta_true)
+    assert 0.5 < np.mean(r**2) < 1.6
