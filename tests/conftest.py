@@ -22,3 +22,19 @@ def rober_problem():
     from diffsoup.examples import rober
 
     return rober().build()
+
+
+@pytest.fixture(autouse=True)
+def _klu_on_the_cpu(request):
+    """KLU (klujax) runs on the CPU only: on a GPU machine, tests parametrized with a KLU solver
+    run on the CPU device, as they do in CI."""
+    import diffsoup as ds
+
+    callspec = getattr(request.node, "callspec", None)
+    solver = callspec.params.get("solver") if callspec is not None else None
+    uses_klu = isinstance(solver, ds.linear.KLU) or "klu" in request.node.name.lower()
+    if uses_klu and jax.default_backend() != "cpu" and request.node.get_closest_marker("gpu") is None:
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    else:
+        yield

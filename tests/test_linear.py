@@ -175,3 +175,15 @@ def test_solver_configuration_validation():
         ds.linear.KLU(ir_tol=0.0)
     with pytest.raises(ValueError, match="ir_max_steps"):
         ds.linear.Dense(ir_max_steps=0)
+
+
+@pytest.mark.gpu
+def test_klu_on_a_gpu_default_device_says_how_to_proceed():
+    if jax.default_backend() == "cpu":
+        pytest.skip("needs a GPU as JAX's default device")
+    with pytest.raises(ValueError, match=r"KLU runs on the CPU only.*CuDSS"):
+        _prepared(ds.linear.KLU(), WELL)
+    with jax.default_device(jax.devices("cpu")[0]):  # the remedy the message gives
+        prep, values, dense = _prepared(ds.linear.KLU(), WELL)
+        x, info, _ = _solve(prep, values, jnp.ones(64), "fp64")
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(dense, np.ones(64)), rtol=1e-12)

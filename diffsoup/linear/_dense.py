@@ -40,7 +40,12 @@ class PreparedDense(PreparedSolver):
 
     def _raw_factor(self, workspace, values, slot):
         dtype = jnp.float32 if slot == "low" else values.dtype
-        return jax.scipy.linalg.lu_factor(self._dense(values.astype(dtype)))
+        lu, piv = jax.scipy.linalg.lu_factor(self._dense(values.astype(dtype)))
+        # A non-finite matrix must fail the solve on every backend: the GPU LU was seen to give a
+        # finite solution for a matrix holding a NaN, so the factor is poisoned explicitly (the
+        # solves stay linear in b, as the transposed solves of the adjoint need).
+        finite = jnp.all(jnp.isfinite(values))
+        return jnp.where(finite, lu, jnp.nan), piv
 
     def _raw_solve(self, fac, b, transpose, slot):
         lu, piv = fac

@@ -41,6 +41,13 @@ class PreparedKLU(PreparedSolver):
                 "ds.linear.KLU factors in float64 and keeps 64-bit handles, which need JAX's x64 mode: set "
                 'JAX_ENABLE_X64=1 or call jax.config.update("jax_enable_x64", True) first, or use ds.linear.Dense().'
             )
+        platform = _default_platform()
+        if platform != "cpu":
+            raise ValueError(
+                f"ds.linear.KLU runs on the CPU only (klujax's handlers), but JAX computes on {platform!r} here. "
+                "On a GPU use ds.linear.CuDSS() (the default there), or put the work on the CPU: "
+                "with jax.default_device(jax.devices('cpu')[0]): ..."
+            )
         super().__init__(solver, pattern, precision)
         ffi.load_klujax()
         self.sym = np.uint64(ffi.symbolic_handle(pattern))
@@ -83,3 +90,16 @@ class PreparedKLU(PreparedSolver):
         if slot == "low":
             x = x.astype(jnp.float32).astype(b.dtype)
         return jnp.where(fac["finite"], x, jnp.nan)
+
+
+def _default_platform() -> str:
+    """The platform JAX computes on by default: the ``jax.default_device`` in effect, else the
+    default backend."""
+    import jax
+
+    device = jax.config.values.get("jax_default_device")
+    if device is None:
+        return jax.default_backend()
+    if isinstance(device, str):
+        return "gpu" if device in ("cuda", "rocm") else device
+    return "gpu" if device.platform in ("cuda", "rocm") else device.platform

@@ -171,7 +171,7 @@ def _settings(sf: Any, method, starts, seed, max_nfev) -> dict:
 def _describe(client: Any) -> str:
     try:
         workers = client.scheduler_info(n_workers=-1)["workers"]
-        return f"Dask scheduler {client.scheduler.address} ({len(workers)} workers now)"
+        return f"Dask scheduler {client.scheduler.address} ({len(workers)} worker{'' if len(workers) == 1 else 's'} now)"
     except Exception:  # noqa: BLE001 (a description must not fail)
         return "a Dask cluster"
 
