@@ -13,6 +13,7 @@ Run ``diffsoup <command> --help`` for a command's options.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -264,9 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diffsoup {args.command}: {exc}\nRun it with --restart to start the campaign anew, or choose "
               "another --out.", file=sys.stderr)  # fmt: skip
         return 2
-    except LedgerLockedError as exc:
+    except (LedgerLockedError, FileExistsError) as exc:
         print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, RuntimeError) as exc:  # diffsoup's own errors say what is wrong and how to fix it
+        if os.environ.get("DIFFSOUP_TRACEBACK"):
+            raise
+        print(f"diffsoup {args.command}: {type(exc).__name__}: {exc}\n(DIFFSOUP_TRACEBACK=1 shows where it came from)",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -130,3 +130,27 @@ def test_every_command_has_help():
     for option in ("--scheduler", "--slurm", "--in-process", "--starts", "--method"):
         assert option in text
     assert diffsoup("fit", "nowhere.toml", check=False).returncode == 2
+
+
+@pytest.mark.slow
+def test_fit_on_a_scheduler_address(demo, tmp_path):
+    from distributed import LocalCluster
+
+    out, _ = demo
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1}, host="127.0.0.1",
+                      dashboard_address=":0") as cluster:  # fmt: skip
+        proc = diffsoup("fit", out / "study.toml", "-o", tmp_path, "--scheduler", cluster.scheduler_address,
+                        "--starts", 1, "--max-nfev", 10, "--no-plots")  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["where"].startswith(f"Dask scheduler {cluster.scheduler_address} (1 worker")
+    assert summary["plots"] == [] and summary["experiment_status"] == {"SUCCESS": 10}
+    assert "results" in proc.stdout
+
+
+def test_simulate_with_an_unknown_parameter_says_so(tmp_path):
+    from diffsoup._demo_study import write_demo_study
+
+    study = write_demo_study(tmp_path, n_experiments=2)
+    proc = diffsoup("simulate", study, "-o", tmp_path / "out", "--set", "kcatt=2", check=False)
+    assert proc.returncode == 1 and "['kcatt'] are not parameters of enzyme-demo" in proc.stderr
+    assert "Traceback" not in proc.stderr
