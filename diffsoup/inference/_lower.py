@@ -29,7 +29,10 @@ With ``layout=ds.Layout(mesh=ds.global_mesh(("data",)))`` each chunk is split ov
 fixed block of experiments, the same for every mode and chunk size; with ``balance_steps=True`` the
 blocks are chosen by :func:`balance_owners` weighted by the step counts measured at the nominal
 point, and within a block experiments are sorted by step count so that lanes that run in lock-step
-take similar numbers of steps.
+take similar numbers of steps. That pays when each device runs several chunks: with one chunk per
+device, a device holding one slow experiment runs as long as one holding only slow ones (lanes run
+in lock-step), so balancing evens the step totals without shortening the evaluation; give a
+``chunk_size`` that makes several chunks per device when step counts differ widely.
 """
 
 from __future__ import annotations
