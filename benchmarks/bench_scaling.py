@@ -73,7 +73,6 @@ or ``bench_scaling_gpu<N>.json`` (``N`` = GPUs present).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import shlex
@@ -81,21 +80,14 @@ import sys
 import time
 from pathlib import Path
 
-_CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
 MODES = {"grad": "value_and_grad", "jacobian": "residuals_and_jacobian", "gauss_newton": "gauss_newton"}
 TOL = 1e-10
 
 
 def _gpu_expected() -> bool:
-    if os.environ.get("JAX_PLATFORMS", "").strip().lower().startswith("cpu"):
-        return False
-    for name in _CUDA_PLUGINS:
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return True
-        except (ImportError, ValueError):
-            continue
-    return False
+    from diffsoup.distributed._runtime import _has_cuda_plugin  # starts no JAX backend
+
+    return not os.environ.get("JAX_PLATFORMS", "").strip().lower().startswith("cpu") and _has_cuda_plugin()
 
 
 def _args(argv):
@@ -127,7 +119,7 @@ def main(argv=None):
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("JAX_ENABLE_X64", "1")
 
-    # JAX is imported only now (through _common), after XLA_FLAGS.
+    # JAX's backends start only now, after XLA_FLAGS.
     from _common import RESULTS, compile_seconds, fmt, machine_info, median, timed, write_json
 
     import jax

@@ -140,6 +140,18 @@ def latin_hypercube(lower, upper, n: int, seed: int) -> np.ndarray:
     return lower + sample * (upper - lower)
 
 
+def start_points(lowered: LoweredStudy, n: int, seed: int) -> np.ndarray:
+    """``n`` start points ``(n, n_theta)`` (scaled) of a multistart: Latin hypercube samples of the
+    coordinates with finite bounds, the prepared values (``lowered.nominal``) for the others
+    (window starts)."""
+    lo, hi = np.asarray(lowered.lower, float), np.asarray(lowered.upper, float)
+    points = np.repeat(np.asarray(lowered.nominal, float)[None], n, axis=0)
+    sampled = np.isfinite(lo) & np.isfinite(hi)
+    if n and np.any(sampled):
+        points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], n, seed)
+    return points
+
+
 def fit(
     target: LoweredStudy | InferenceProblem | Study,
     *,
@@ -196,10 +208,7 @@ def fit(
     if isinstance(starts, (int, np.integer)) and not isinstance(starts, bool):
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
-        points = np.repeat(nominal[None], int(starts), axis=0)
-        sampled = np.isfinite(lo) & np.isfinite(hi)
-        if starts and np.any(sampled):
-            points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], int(starts), seed)
+        points = start_points(low, int(starts), seed)
     else:
         points = np.atleast_2d(np.asarray(starts, dtype=np.float64))
         if points.shape[1:] == (n_par,) and n_par < k:

@@ -376,28 +376,21 @@ class InferenceProblem:
         """States at the measurement times at ``theta``: experiment id -> ``(m, n)`` (numpy).
 
         Multiple-shooting experiments are predicted window by window, from their window starts in
-        ``theta``, as in the objective.
+        ``theta``, as in the objective. (The ``"states"`` of :meth:`predict`.)
         """
+        return {eid: p["states"] for eid, p in self.predict(theta).items()}
+
+    def observe(self, group: Group, full, a: dict, ys):
+        """The observables ``(m, k)`` of one experiment's states ``ys`` (the states themselves when
+        the group observes every state)."""
         import jax
+        import jax.numpy as jnp
 
-        theta = np.asarray(theta, dtype=np.float64)
-        full = self.full_vector(theta)
-        out = {}
-        for group in self.groups:
-            arrs = self.pack(group, list(group.members))
-
-            def one(a, group=group):
-                ys, status, _, _ = self.states(group, full, a, theta, forward=True)
-                return ys, status
-
-            ys, status = jax.device_get(jax.jit(jax.vmap(one))(arrs))
-            for lane, i in enumerate(group.members):
-                e = self.study.experiments[i]
-                y = np.array(ys[lane, : e.times.shape[0]], dtype=np.float64)
-                if int(status[lane]) != 0:
-                    y[:] = np.nan
-                out[e.id] = y
-        return out
+        if group.observables is None:
+            return ys
+        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
+        pdict = self.study.problem.params_dict(pv)
+        return jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
 
     def predict(self, theta, *, points: int = 0) -> dict:
         """What the model says at ``theta``, experiment by experiment (for results and plots).
@@ -413,22 +406,16 @@ class InferenceProblem:
             failed solve are NaN.
         """
         import jax
-        import jax.numpy as jnp
 
         theta = np.asarray(theta, dtype=np.float64)
         full = self.full_vector(theta)
-        problem = self.study.problem
         out = {}
         for group in self.groups:
             arrs = self.pack(group, list(group.members))
 
             def one(a, group=group):
                 ys, status, _, _ = self.states(group, full, a, theta, forward=True)
-                if group.observables is None:
-                    return ys, ys, status
-                pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-                pdict = problem.params_dict(pv)
-                return ys, jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys), status
+                return ys, self.observe(group, full, a, ys), status
 
             ys, hs, status = jax.device_get(jax.jit(jax.vmap(one))(arrs))
             curve_t = curve = None
@@ -455,17 +442,10 @@ class InferenceProblem:
 
     def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
         """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
-        import jax
         import jax.numpy as jnp
 
-        problem = self.study.problem
         ys, status, n_steps, cont = self.states(group, full, a, theta, forward=forward)
-        if group.observables is None:
-            h = ys
-        else:
-            pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-            pdict = problem.params_dict(pv)
-            h = jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
+        h = self.observe(group, full, a, ys)
         mask = a["mask"]
         if group.estimated_sigma:
             sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)

@@ -124,6 +124,7 @@ class StudyFile:
         solver: the ``SolverOptions`` of ``[solver]``.
         fit: the ``[fit]`` settings with their defaults (method, starts, seed, max_nfev, objective).
         observables: experiment id -> the names of its observables (the data's columns).
+        data_files: the data files read (resolved paths, in order of first use).
         description: free text from the file.
     """
 
@@ -133,6 +134,7 @@ class StudyFile:
     solver: Any
     fit: dict
     observables: dict
+    data_files: tuple = ()
     description: str = ""
 
     def lower(self, **options):
@@ -199,13 +201,9 @@ class _Reader:
         self.path = path
         self.lines = _Lines(text)
 
-    def error(self, field: tuple, message: str, *, path: Any = None, line: int | None = None) -> StudyFileError:
-        return StudyFileError(
-            message,
-            path=path or self.path,
-            line=line if path is not None else self.lines.line(field),
-            field=_field_name(field) if field else None,
-        )
+    def error(self, field: tuple, message: str) -> StudyFileError:
+        return StudyFileError(message, path=self.path, line=self.lines.line(field),
+                              field=_field_name(field) if field else None)  # fmt: skip
 
     def keys(self, table: Mapping, allowed: tuple, field: tuple) -> None:
         for key in table:
@@ -334,7 +332,7 @@ def load_study(path: Any) -> StudyFile:
     except ValueError as exc:  # what only the whole study can tell (levels, sigma parameters)
         raise _locate(r, exc, seen) from None
     return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit, observables=observed,
-                     description=str(doc.get("description", "")))  # fmt: skip
+                     data_files=tuple(context.tables), description=str(doc.get("description", "")))  # fmt: skip
 
 
 def _missing(r: _Reader, key: str):
@@ -581,7 +579,7 @@ class _Observables:
 
         values = [_evaluate(self.nodes[n], y, p, self.index) if n in self.nodes else y[self.index[n]]
                   for n in self.names]  # fmt: skip
-        return jnp.stack([jnp.asarray(v, dtype=y.dtype) * jnp.ones((), y.dtype) for v in values])
+        return jnp.stack([jnp.asarray(v, dtype=y.dtype) for v in values])
 
     def __repr__(self) -> str:
         return f"observables({', '.join(self.names)})"

@@ -32,24 +32,14 @@ def _study_file(study: Any):
     return study if isinstance(study, StudyFile) else load_study(study)
 
 
-def study_digest(study_file: Any) -> str:
+def study_digest(study: Any) -> str:
     """A SHA-256 (16 hex digits) of a study file and the data files it reads: the campaign's items
     carry it, so a ledger written for another version of the study is not resumed silently."""
-    path = Path(getattr(study_file, "path", study_file))
-    import tomllib
-
-    h = hashlib.sha256(path.read_bytes())
-    doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    files = sorted({e.get("data") for e in doc.get("experiments", []) if isinstance(e, dict) and e.get("data")})
-    for name in files:
-        data = path.parent / name
-        if data.is_file():
-            h.update(name.encode() + b"\0" + data.read_bytes())
+    sf = _study_file(study)
+    h = hashlib.sha256(sf.path.read_bytes())
+    for data in sf.data_files:
+        h.update(str(data.relative_to(sf.path.parent.resolve(), walk_up=True)).encode() + b"\0" + data.read_bytes())
     return h.hexdigest()[:16]
-
-
-def _lower_here(sf: Any):
-    return sf.lower()
 
 
 def _status_counts(predictions: Mapping[str, dict]) -> dict[str, int]:
@@ -140,7 +130,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     fit_options = dict(method=settings["method"], starts=settings["starts"], seed=settings["seed"],
                        max_nfev=settings["max_nfev"], progress=progress)  # fmt: skip
     if client is None:
-        lowered = _lower_here(sf)
+        lowered = sf.lower()
         result = fit(lowered, **fit_options)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
     from ..distributed import run
@@ -202,7 +192,7 @@ class FitStartTask:
         built_here = key not in _LOWERED
         if built_here:
             _LOWERED.clear()  # one study per worker process at a time
-            _LOWERED[key] = _lower_here(_study_file(self.study_path))
+            _LOWERED[key] = _study_file(self.study_path).lower()
         lowered = _LOWERED[key]
         x0 = np.asarray(item["x0"], dtype=np.float64)
         result = fit(lowered, starts=x0[None], method=self.method, max_nfev=self.max_nfev)
@@ -242,23 +232,19 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         when every window start came from the shared store), and the SLURM jobs that ran tasks.
     """
     from ..distributed import checkpointed_map
-    from ..inference import FitResult, StartResult
-    from ..inference._fit import latin_hypercube
+    from ..inference import FitResult, StartResult, window_solves
+    from ..inference._fit import start_points
 
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(sf, method, starts, seed, max_nfev)
-    from ..inference import InferenceProblem, window_solves
 
     solves_before = window_solves()
-    # The bounds and nominal point of theta, without compiling anything here.
-    problem = InferenceProblem(sf.study, objective=sf.fit["objective"], solver=sf.solver)
-    lo, hi, nominal = np.asarray(problem.lower), np.asarray(problem.upper), np.asarray(problem.nominal)
-    sampled = np.isfinite(lo) & np.isfinite(hi)
-    points = np.repeat(nominal[None], settings["starts"], axis=0)
-    if np.any(sampled):
-        points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], settings["starts"], settings["seed"])
+    # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
+    # Gauss-Newton Hessian of the best start.
+    lowered = sf.lower()
+    points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
     items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest}
              for i, p in enumerate(points)]  # fmt: skip
@@ -266,6 +252,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({settings['method']}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     task = FitStartTask(str(sf.path.resolve()), settings["method"], settings["max_nfev"])
+    if client is None:  # the tasks run in this process: they share this lowered study
+        _LOWERED.clear()
+        _LOWERED[(task.study_path, digest)] = lowered
     t0 = time.perf_counter()
     began = datetime.now(timezone.utc)
     options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
@@ -275,7 +264,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     seconds = time.perf_counter() - t0
     done = [r for r in campaign.records if r.state == "accepted"]
     # Accepted by an earlier run: finished before this one began.
-    resumed = sum(1 for r in done if r.finished and datetime.fromisoformat(r.finished) < began)
+    earlier = {r.task_id for r in done if r.finished and datetime.fromisoformat(r.finished) < began}
     log(f"[diffsoup] campaign: {len(campaign.results)} of {len(items)} starts finished, "
         f"{len(campaign.failures)} failed")  # fmt: skip
     if not campaign.results:
@@ -290,9 +279,8 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
                                    str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
                                    float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
-    lowered = _lower_here(sf)
     result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds)
-    fresh = [r.result for r in done if not (r.finished and datetime.fromisoformat(r.finished) < began)]
+    fresh = [r.result for r in done if r.task_id not in earlier]
     solves = window_solves() - solves_before + sum(int(r.get("window_solves", 0)) for r in fresh)
     if any(e.trajectory is not None for e in sf.study.experiments):
         log(f"[diffsoup] window-start solves in this run: {solves}"
@@ -301,7 +289,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         "where": _describe(client) if client is not None else "in-process",
         "campaign": {
             "ledger": str(ledger.resolve()), "tasks": len(items), "accepted": len(done),
-            "failed": len(campaign.failures), "resumed": resumed,
+            "failed": len(campaign.failures), "resumed": len(earlier),
             "window_solves": int(solves),
             "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
         },
