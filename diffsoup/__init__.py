@@ -4,7 +4,9 @@ Import it as ``import diffsoup as ds``. Importing it never changes JAX's global 
 never imports Dask, zarr or the GPU binding; those load when first used.
 """
 
-from .distributed._runtime import configure as _configure; _configure()  # noqa: E702  XLA flags, allocator: only what is unset
+from ._settings import configure as _configure
+
+_configure()  # XLA flags, allocator: only what is unset (imports no JAX, no Dask)
 from ._precision import Precision as Precision
 from ._layout import Layout as Layout
 from ._layout import global_mesh as global_mesh

@@ -12,24 +12,14 @@ A run of several processes is started by ``python -m diffsoup.distributed.launch
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from collections.abc import MutableMapping
 from typing import Any
 
-# XLA flags diffsoup adds on GPU machines (each only when XLA_FLAGS does not name it already).
-DEFAULT_XLA_GPU_FLAGS: tuple[str, ...] = (
-    # Overlap the collectives of a sharded chunk with its compute.
-    "--xla_gpu_enable_latency_hiding_scheduler=true",
-)
-# Allocator settings: JAX's client grows its pool on demand and keeps at most 75 % of the GPU, so
-# that cuDSS (which allocates its factors with cudaMalloc, outside JAX's pool) has room.
-DEFAULT_ALLOCATOR_ENV: dict[str, str] = {
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.75",
-}
-_MEM_FRACTION_VARIABLES = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
-_CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+from .._settings import DEFAULT_ALLOCATOR_ENV as DEFAULT_ALLOCATOR_ENV
+from .._settings import DEFAULT_XLA_GPU_FLAGS as DEFAULT_XLA_GPU_FLAGS
+from .._settings import configure as configure
+from .._settings import has_cuda_plugin as _has_cuda_plugin
+from .._settings import configure_environment as _configure_env
 
 # Variables set by `python -m diffsoup.distributed.launch` in each process it starts.
 LAUNCH_COORDINATOR = "DIFFSOUP_LAUNCH_COORDINATOR"
@@ -38,48 +28,6 @@ LAUNCH_PROCESS_ID = "DIFFSOUP_LAUNCH_PROCESS_ID"
 MPI_COORDINATOR = "DIFFSOUP_COORDINATOR"
 
 _state = {"debug": False, "initialized_by_us": False}
-
-
-def _flag_name(flag: str) -> str:
-    return flag.split("=", 1)[0].strip()
-
-
-def _has_cuda_plugin() -> bool:
-    for name in _CUDA_PLUGINS:
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return True
-        except (ImportError, ValueError):
-            continue
-    return False
-
-
-def _configure_env(environ: MutableMapping[str, str], gpu: bool) -> None:
-    """Add diffsoup's defaults to ``environ``, keeping every setting already there."""
-    if gpu:
-        present = environ.get("XLA_FLAGS", "").split()
-        names = {_flag_name(f) for f in present}
-        added = [f for f in DEFAULT_XLA_GPU_FLAGS if _flag_name(f) not in names]
-        if added:
-            environ["XLA_FLAGS"] = " ".join(present + added)
-    environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", DEFAULT_ALLOCATOR_ENV["XLA_PYTHON_CLIENT_PREALLOCATE"])
-    # Setting both fraction variables makes the CUDA plugin fail to start: set ours only if
-    # neither is set.
-    if not any(name in environ for name in _MEM_FRACTION_VARIABLES):
-        environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = DEFAULT_ALLOCATOR_ENV["XLA_PYTHON_CLIENT_MEM_FRACTION"]
-
-
-def configure() -> None:
-    """Add diffsoup's default XLA GPU flags to ``XLA_FLAGS``, keeping any flag already set.
-
-    Also sets the allocator variables that leave room for cuDSS (no preallocation, a 75 % cap),
-    each only when unset. GPU flags are added only where a JAX CUDA plugin is installed (a CPU
-    install's environment is left as it is, apart from the allocator variables, which CPU JAX
-    ignores). It runs when diffsoup is imported and again in :func:`initialize`; Dask workers that
-    diffsoup starts run it before their JAX starts. Settings read by a JAX that has already
-    started its backends take effect only in new processes.
-    """
-    _configure_env(os.environ, gpu=_has_cuda_plugin())
 
 
 # --------------------------------------------------------------------------------------------
