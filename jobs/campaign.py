@@ -18,6 +18,8 @@ Run it with the Python of diffsoup's environment (activate .venv first: sbatch p
 """
 
 import argparse
+import math
+import os
 import sys
 
 import jax
@@ -38,7 +40,12 @@ def main() -> int:
     args = parser.parse_args()
 
     study = ds.inference.load_study(args.study)
-    cluster = ds.distributed.slurm_cluster(args.profile)  # also points DIFFSOUP_CACHE_DIR at shared_dir
+    profile = ds.distributed.read_profile(args.profile)  # checked: errors name the file and the key
+    if profile.shared_dir is not None:
+        # This driver shares the window-start store with its workers (slurm_cluster passes
+        # shared_dir to the workers only, in their job script).
+        os.environ.setdefault("DIFFSOUP_CACHE_DIR", str(profile.shared_dir.resolve()))
+    cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
         print(f"Dask dashboard: {client.dashboard_link}", flush=True)
@@ -46,7 +53,7 @@ def main() -> int:
         # start written as a fit. Workers come from the batch queue: tasks wait for them.
         summary = ds.workflows.campaign_study(study, args.out, client=client, starts=args.starts,
                                               max_nfev=args.max_nfev, progress=sys.stderr.isatty(),
-                                              no_worker_timeout=None)
+                                              no_worker_timeout=math.inf)
     cluster.close()
     c = summary["campaign"]
     print(f"campaign: {c['accepted']}/{c['tasks']} accepted, {c['resumed']} resumed from the ledger, "

@@ -18,6 +18,7 @@ Results: results/results.zarr, results/summary.json, results/plots/*.png.
 """
 
 import argparse
+import os
 import sys
 
 import jax
@@ -38,7 +39,12 @@ def main() -> int:
     args = parser.parse_args()
 
     study = ds.inference.load_study(args.study)  # errors name the file, line and field
-    cluster = ds.distributed.slurm_cluster(args.profile)  # a dask-jobqueue SLURMCluster, adapt()ing
+    profile = ds.distributed.read_profile(args.profile)  # checked: errors name the file and the key
+    if profile.shared_dir is not None:
+        # This driver shares the window-start store with its workers (slurm_cluster passes
+        # shared_dir to the workers only, in their job script).
+        os.environ.setdefault("DIFFSOUP_CACHE_DIR", str(profile.shared_dir.resolve()))
+    cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
         print(f"Dask dashboard: {client.dashboard_link}", flush=True)

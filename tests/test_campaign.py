@@ -16,7 +16,7 @@ import pytest
 
 import diffsoup.inference as inference
 from diffsoup.distributed import CampaignResult, TaskRecord, World, checkpointed_map, world
-from diffsoup.distributed import _campaign
+from diffsoup.distributed import _gpus, _progress
 from diffsoup.store import Ledger, LedgerConflictError, LedgerError, LedgerLockedError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_one_writer_per_ledger(tmp_path):
 
 def test_progress_bar_on_stderr(tmp_path, capsys, monkeypatch):
     # Without tqdm (not a dependency) the campaign draws its own bar; with it, tqdm's.
-    has_tqdm = _campaign.importlib.util.find_spec("tqdm") is not None
+    has_tqdm = _progress.tqdm_installed()
     checkpointed_map(square_or_fail, _items(3), ledger_path=tmp_path / "a.json")
     err = capsys.readouterr().err
     assert "3/3" in err
@@ -425,7 +425,7 @@ def test_embedded_cluster_counts_visible_gpus(monkeypatch, env, expected):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert _campaign._visible_gpus() == expected
+    assert _gpus.visible_gpus() == expected
 
 
 def _worker_address():
@@ -596,3 +596,124 @@ def test_dask_embedded_default_cluster(tmp_path):
     assert all(w.startswith("tcp://127.0.0.1:") for w in workers)
     with pytest.raises(ValueError):
         default_client()  # and it was closed at the end
+
+
+# --------------------------------------------------------------------------------------------
+# Settings: no_worker_timeout=None reads diffsoup.campaign.no-worker-timeout
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def late_lane_cluster():
+    """An in-process cluster whose workers (none at first) carry LANE=1, not GPU."""
+    distributed = pytest.importorskip("distributed")
+    # In-process workers (processes=False): no sockets but the dashboard's.
+    with distributed.LocalCluster(n_workers=0, threads_per_worker=1, processes=False, resources={"LANE": 1},
+                                  dashboard_address="127.0.0.1:0") as cluster:  # fmt: skip
+        with distributed.Client(cluster, set_as_default=False) as client:
+            yield cluster, client
+
+
+def _in_thread(run, limit):
+    """``run()`` in a daemon thread (a regression fails instead of hanging); (result, seconds)."""
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("result", run()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(timeout=limit)
+    if thread.is_alive():
+        pytest.fail(f"the campaign was still waiting after {limit} s")
+    return outcome["result"], time.monotonic() - started
+
+
+def test_dask_default_timeout_is_the_setting_and_fails_every_waiting_task(late_lane_cluster, tmp_path):
+    import dask
+
+    from diffsoup.distributed import DEFAULT_NO_WORKER_TIMEOUT
+
+    from diffsoup.distributed._config import get
+
+    assert DEFAULT_NO_WORKER_TIMEOUT == 60.0 == get("campaign.no-worker-timeout")
+    cluster, client = late_lane_cluster
+    with dask.config.set({"diffsoup.campaign.no-worker-timeout": 1.0}):
+        # No no_worker_timeout given (as `diffsoup campaign --scheduler` does): the setting applies.
+        result, elapsed = _in_thread(lambda: checkpointed_map(
+            report_worker, _items(2), ledger_path=tmp_path / "a.json", execution="dask", client=client,
+            progress=False), 30)  # fmt: skip
+    assert 1.0 <= elapsed < 1.0 + 2.0
+    assert list(result.failures) == ["t0", "t1"]
+    for record in result.failures.values():
+        assert record.attempts == 0
+        assert "no_worker_timeout=1 s" in record.error
+        assert "asks for resources {'GPU': 1} and no worker offers them" in record.error
+        assert "no workers are connected" in record.error
+
+
+def test_dask_math_inf_waits_for_a_worker_that_arrives_late(late_lane_cluster, tmp_path):
+    import math
+
+    import dask
+
+    cluster, client = late_lane_cluster
+    timer = threading.Timer(2.5, cluster.scale, args=(1,))  # a LANE worker joins after 2.5 s
+    with dask.config.set({"diffsoup.campaign.no-worker-timeout": 1.0}):
+        timer.start()
+        try:
+            result, elapsed = _in_thread(lambda: checkpointed_map(
+                lambda item: item["x"] + 1, _items(2), ledger_path=tmp_path / "b.json", execution="dask",
+                client=client, resources={"LANE": 1}, no_worker_timeout=math.inf, progress=False), 60)  # fmt: skip
+        finally:
+            timer.cancel()
+    assert elapsed >= 2.5  # it waited past the configured second for the late worker
+    assert result.failures == {} and result.results == {"t0": 1, "t1": 2}
+
+
+def test_campaign_resources_default_is_the_setting(late_lane_cluster, tmp_path):
+    import dask
+
+    cluster, client = late_lane_cluster
+    cluster.scale(1)
+    client.wait_for_workers(1, timeout=30)
+    with dask.config.set({"diffsoup.campaign.resources": {"LANE": 1}}):
+        result = checkpointed_map(lambda item: item["x"], _items(3), ledger_path=tmp_path / "c.json",
+                                  execution="dask", client=client, progress=False)  # fmt: skip
+    assert result.results == {"t0": 0, "t1": 1, "t2": 2}
+
+
+@pytest.mark.parametrize("value", [0, -5, "soon", None])
+def test_a_bad_configured_timeout_names_the_setting(tmp_path, value):
+    import dask
+
+    with dask.config.set({"diffsoup.campaign.no-worker-timeout": value}):
+        with pytest.raises(ValueError, match=r"the setting diffsoup.campaign.no-worker-timeout=.* must be a positive"):
+            checkpointed_map(square, _items(1), ledger_path=tmp_path / "l.json", execution="dask", progress=False)
+    assert not (tmp_path / "l.json").exists()
+
+
+def test_serial_campaign_loads_no_dask(tmp_path):
+    code = (
+        "import sys; from diffsoup.distributed import checkpointed_map; "
+        "r = checkpointed_map(lambda i: i['x'], [{'task_id': 'a', 'x': 1}], "
+        f"ledger_path={str(tmp_path / 'l.json')!r}, progress=False, no_worker_timeout=5); "
+        "assert r.results == {'a': 1}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
+def test_settings_come_from_dask_environment_variables(tmp_path):
+    # Dask reads DASK_* variables when it is imported: a fresh process shows it.
+    code = (
+        "from diffsoup.distributed._dask_campaign import DaskRunner; r = DaskRunner(); "
+        "print(r.no_worker_timeout, r.resources)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_DIFFSOUP__CAMPAIGN__NO_WORKER_TIMEOUT": "7.5",
+           "DASK_DIFFSOUP__CAMPAIGN__RESOURCES": "{'LANE': 2}"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split(maxsplit=1) == ["7.5", "{'LANE': 2}\n"]
+    env.pop("DASK_DIFFSOUP__CAMPAIGN__RESOURCES")
+    env["DASK_DIFFSOUP__CAMPAIGN__NO_WORKER_TIMEOUT"] = "inf"  # not a Python literal: Dask passes the text
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "inf {'GPU': 1}"

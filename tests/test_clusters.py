@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import diffsoup as ds
@@ -41,8 +43,8 @@ def test_example_profile_reads_and_gives_a_gpu_job_script(tmp_path, monkeypatch)
 
     monkeypatch.delenv("DIFFSOUP_CACHE_DIR", raising=False)
     example = Path(__file__).resolve().parents[1] / "jobs" / "profile.example.toml"
-    table = ds.distributed.read_profile(example)
-    assert table["gpus"] == 2 and table["processes"] == 2
+    profile = ds.distributed.read_profile(example)
+    assert profile.gpus == 2 and profile.processes == 2
     cluster = ds.distributed.slurm_cluster(example, shared_dir=str(tmp_path / "shared"), minimum_jobs=0,
                                            maximum_jobs=0)  # fmt: skip
     try:
@@ -54,3 +56,117 @@ def test_example_profile_reads_and_gives_a_gpu_job_script(tmp_path, monkeypatch)
                  f"export DIFFSOUP_CACHE_DIR={tmp_path / 'shared'}", "--resources GPU=1",
                  "--preload diffsoup.distributed._worker", "--nworkers 2", "--nthreads 1"):  # fmt: skip
         assert line in script, (line, script)
+
+
+# --------------------------------------------------------------------------------------------
+# SlurmProfile: a frozen, checked profile whose missing keys read the diffsoup.slurm settings
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"processes": "2"}, r"slurm.processes = '2' must be a non-negative integer"),
+        ({"gpus": True}, r"slurm.gpus = True must be a non-negative integer"),
+        ({"maximum_jobs": -1}, r"slurm.maximum_jobs = -1 must be a non-negative integer"),
+        ({"queue": ""}, r"slurm.queue = '' must be a non-empty string"),
+        ({"job_extra": "--qos=high"}, r"slurm.job_extra = '--qos=high' must be a list of strings"),
+        ({"prologue": ["module load cuda", 3]}, r"slurm.prologue = .* must be a list of strings"),
+        ({"shared_dir": 5}, r"slurm.shared_dir = 5 must be a directory path"),
+        ({"processes": 0}, r"slurm.processes = 0: a job needs at least 1 worker process"),
+        ({"minimum_jobs": 3, "maximum_jobs": 2}, r"slurm.minimum_jobs = 3 is more than slurm.maximum_jobs = 2"),
+    ],
+)
+def test_profile_refuses_bad_values_naming_the_field(table, message):
+    with pytest.raises(ValueError, match=message):
+        ds.distributed.SlurmProfile.from_mapping({"slurm": table})
+    with pytest.raises(ValueError, match=message):
+        ds.distributed.SlurmProfile(**table)
+
+
+def test_profile_unknown_keys_name_the_nearest_known_key(tmp_path):
+    path = tmp_path / "site.toml"
+    path.write_text('[slurm]\nwalltim = "01:00:00"\nmax_jobs = 4\nfoo = 1\n')
+    with pytest.raises(ValueError) as info:
+        ds.distributed.read_profile(path)
+    text = str(info.value)
+    assert text.startswith(f"SLURM profile {path}: unknown key(s) ['foo', 'max_jobs', 'walltim']")
+    assert "'walltim': did you mean 'walltime'?" in text and "'max_jobs': did you mean 'maximum_jobs'?" in text
+    assert "'foo': did you mean" not in text  # nothing near it
+    overrides = r"overrides: unknown key\(s\) \['gpu'\] in \[slurm\] \('gpu': did you mean 'gpus'\?\)"
+    with pytest.raises(ValueError, match=overrides):
+        ds.distributed.slurm_cluster({"gpus": 0}, gpu=1)
+    with pytest.raises(TypeError, match="a mapping or a TOML file, not int"):
+        ds.distributed.read_profile(42)
+
+
+def test_profile_is_frozen_and_its_lists_are_tuples():
+    import dataclasses
+
+    profile = ds.distributed.SlurmProfile(processes=2, gpus=4, job_extra=["--qos=high"], shared_dir="~/shared")
+    assert profile.job_extra == ("--qos=high",) and profile.gpus_per_worker == 2
+    assert str(profile.shared_dir) == os.path.expanduser("~/shared")
+    assert profile.job_cores == 2  # cores left out: one per worker process
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        profile.gpus = 8
+    assert ds.distributed.read_profile(profile) is profile
+    assert profile.replace(processes=4, gpus=4).job_cores == 4
+
+
+def test_profile_defaults_come_from_the_diffsoup_slurm_settings():
+    import dask
+
+    from diffsoup.distributed._clusters import jobqueue_options
+
+    shipped = ds.distributed.SlurmProfile()
+    assert (shipped.walltime, shipped.memory, shipped.processes, shipped.gpus) == ("01:00:00", "4GB", 1, 0)
+    assert (shipped.minimum_jobs, shipped.maximum_jobs, shipped.queue, shipped.job_extra) == (1, 1, None, ())
+    site = {"diffsoup.slurm.memory": "96GB", "diffsoup.slurm.queue": "h200", "diffsoup.slurm.maximum-jobs": 8,
+            "diffsoup.slurm.job-extra": ["--qos=long"], "diffsoup.cluster.resources": {"GPU": 1, "LANE": 2}}  # fmt: skip
+    with dask.config.set(site):
+        profile = ds.distributed.read_profile({"slurm": {"memory": "8GB", "gpus": 1}})
+        options = jobqueue_options(profile)
+    assert profile.memory == "8GB"  # the profile's own key wins
+    assert (profile.queue, profile.maximum_jobs, profile.job_extra) == ("h200", 8, ("--qos=long",))
+    assert options["queue"] == "h200" and options["memory"] == "8GB"
+    assert options["job_extra_directives"] == ["--qos=long", "--gres=gpu:1"]
+    assert options["worker_extra_args"][:2] == ["--resources", "GPU=1,LANE=2"]
+    # Outside the block the shipped defaults hold again.
+    assert ds.distributed.SlurmProfile().memory == "4GB"
+
+
+def test_slurm_cluster_leaves_this_process_environment_alone(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.delenv("DIFFSOUP_CACHE_DIR", raising=False)
+    monkeypatch.delenv("DIFFSOUP_JAX_CACHE_DIR", raising=False)
+    before = dict(os.environ)
+    example = Path(__file__).resolve().parents[1] / "jobs" / "profile.example.toml"
+    shared = tmp_path / "shared"
+    cluster = ds.distributed.slurm_cluster(example, shared_dir=str(shared), minimum_jobs=0,
+                                           maximum_jobs=0)  # fmt: skip
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert dict(os.environ) == before
+    assert shared.is_dir()  # made for the workers
+    # The workers get the shared directory through their job script instead.
+    assert f"export DIFFSOUP_CACHE_DIR={shared}" in script
+    assert f"export DIFFSOUP_JAX_CACHE_DIR={shared / 'jax'}" in script
+
+
+def test_embedded_cluster_reads_its_worker_count_and_resources_from_the_settings(monkeypatch):
+    import dask
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # no GPU worker: the CPU worker count applies
+    with dask.config.set({"diffsoup.cluster.n-workers": 1, "diffsoup.cluster.resources": {"LANE": 3}}):
+        cluster, client = ds.distributed.embedded_cluster()
+    try:
+        client.wait_for_workers(1, timeout=60)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        assert len(workers) == 1
+        assert [w["resources"] for w in workers.values()] == [{"LANE": 3}]
+    finally:
+        client.close()
+        cluster.close()

@@ -1,22 +1,24 @@
 """Execution across processes and machines: ``run`` (a study over Dask workers or the processes of a
 multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary``, ``owns``,
 ``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``),
-``world``, and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile,
-``cluster_client``).
+``world``, and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
+(``SlurmProfile``, ``read_profile``), ``cluster_client``).
+
+Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
+``diffsoup`` namespace of Dask's configuration (``_config``, defaults in ``diffsoup.yaml``).
 
 Importing this package does not import Dask: the modules below import it inside the functions
 that run on a cluster (``_run`` imports it when ``run`` is called).
 """
 
 from ._campaign import DEFAULT_NO_WORKER_TIMEOUT as DEFAULT_NO_WORKER_TIMEOUT
-from ._campaign import CampaignResult as CampaignResult
-from ._campaign import TaskRecord as TaskRecord
 from ._campaign import checkpointed_map as checkpointed_map
-from ._campaign import device_group as device_group
 from ._clusters import cluster_client as cluster_client
 from ._clusters import embedded_cluster as embedded_cluster
-from ._clusters import read_profile as read_profile
 from ._clusters import slurm_cluster as slurm_cluster
+from ._process_campaign import device_group as device_group
+from ._profile import SlurmProfile as SlurmProfile
+from ._profile import read_profile as read_profile
 from ._runtime import any_process as any_process
 from ._runtime import configure as configure
 from ._runtime import from_local_data as from_local_data
@@ -25,6 +27,8 @@ from ._runtime import is_primary as is_primary
 from ._runtime import key as key
 from ._runtime import local_value as local_value
 from ._runtime import owns as owns
+from ._tasks import CampaignResult as CampaignResult
+from ._tasks import TaskRecord as TaskRecord
 from ._world import World as World
 from ._world import world as world
 

@@ -88,3 +88,14 @@ def install(dask_scheduler: Any = None) -> str:
     rules.insert(0, rules.pop())
     scheduler._diffsoup_route = True
     return ROUTE
+
+
+def dashboard_url(client: Any) -> str | None:
+    """``http://host:port`` of the scheduler's HTTP server (the Dask dashboard, which also serves
+    diffsoup's route), or None when the scheduler serves none."""
+    info = client.scheduler_info()
+    port = (info.get("services") or {}).get("dashboard")
+    if port is None:
+        return None
+    host = info["address"].split("://", 1)[-1].rsplit(":", 1)[0]
+    return f"http://{host}:{port}"

@@ -18,10 +18,14 @@ from typing import Any
 from .._settings import DEFAULT_ALLOCATOR_ENV as DEFAULT_ALLOCATOR_ENV
 from .._settings import DEFAULT_XLA_GPU_FLAGS as DEFAULT_XLA_GPU_FLAGS
 from .._settings import configure as configure
-from .._settings import has_cuda_plugin as _has_cuda_plugin
 from .._settings import configure_environment as _configure_env
+from .._settings import has_cuda_plugin as _has_cuda_plugin
+from .._settings import settings
+from ._kv import is_initialized as is_initialized
+from ._world import _MPI_RANK_VARIABLES, _MPI_SIZE_VARIABLES
 
-# Variables set by `python -m diffsoup.distributed.launch` in each process it starts.
+# Variables `python -m diffsoup.distributed.launch` sets in each process it starts (read back
+# through diffsoup._settings: launch_coordinator, launch_num_processes, launch_process_id).
 LAUNCH_COORDINATOR = "DIFFSOUP_LAUNCH_COORDINATOR"
 LAUNCH_NUM_PROCESSES = "DIFFSOUP_LAUNCH_NUM_PROCESSES"
 LAUNCH_PROCESS_ID = "DIFFSOUP_LAUNCH_PROCESS_ID"
@@ -46,8 +50,9 @@ def _int_env(name: str) -> int | None:
 def _detect() -> dict[str, Any] | None:
     """How this process was launched: arguments for jax.distributed.initialize, {} for JAX's own
     Slurm detection, or None for a single process."""
-    if os.environ.get(LAUNCH_COORDINATOR):
-        n, pid = _int_env(LAUNCH_NUM_PROCESSES), _int_env(LAUNCH_PROCESS_ID)
+    given = settings()
+    if given.launch_coordinator:
+        n, pid = given.launch_num_processes, given.launch_process_id
         if n is None or pid is None:
             raise RuntimeError(
                 f"{LAUNCH_COORDINATOR} is set but {LAUNCH_NUM_PROCESSES}/{LAUNCH_PROCESS_ID} are not: start "
@@ -55,12 +60,10 @@ def _detect() -> dict[str, Any] | None:
             )
         if n <= 1:
             return None
-        return {"coordinator_address": os.environ[LAUNCH_COORDINATOR], "num_processes": n, "process_id": pid}
+        return {"coordinator_address": given.launch_coordinator, "num_processes": n, "process_id": pid}
     if (_int_env("SLURM_NTASKS") or _int_env("SLURM_NPROCS") or 1) > 1 and os.environ.get("SLURM_STEP_ID"):
         return {}  # jax.distributed.initialize reads Slurm's variables itself
-    if os.environ.get(MPI_COORDINATOR):
-        from ._world import _MPI_RANK_VARIABLES, _MPI_SIZE_VARIABLES
-
+    if given.coordinator:
         size = next((_int_env(v) for v in _MPI_SIZE_VARIABLES if _int_env(v) is not None), None)
         rank = next((_int_env(v) for v in _MPI_RANK_VARIABLES if _int_env(v) is not None), None)
         if size is None or rank is None:
@@ -71,22 +74,8 @@ def _detect() -> dict[str, Any] | None:
             )
         if size <= 1:
             return None
-        return {"coordinator_address": os.environ[MPI_COORDINATOR], "num_processes": size, "process_id": rank}
+        return {"coordinator_address": given.coordinator, "num_processes": size, "process_id": rank}
     return None
-
-
-def _distributed_client():
-    """JAX's distributed runtime client, or None when jax.distributed is not initialized."""
-    try:
-        from jax._src import distributed as _jd
-    except ImportError:  # pragma: no cover
-        return None
-    return getattr(_jd.global_state, "client", None)
-
-
-def is_initialized() -> bool:
-    """Whether JAX's multi-process runtime is running in this process."""
-    return _distributed_client() is not None
 
 
 def initialize(
@@ -188,7 +177,7 @@ def is_primary() -> bool:
     if not is_initialized():
         try:
             return _launch_rank() == 0
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # a half-set or malformed launch: say primary, as one process
             return True
     return process_index() == 0
 

@@ -9,7 +9,9 @@ The set-up, before the worker's JAX starts where possible:
 - ``JAX_ENABLE_X64=1`` unless set (float64 is diffsoup's default policy);
 - :func:`diffsoup.distributed.configure` (XLA flags and allocator settings, only what is unset);
 - a persistent JAX compilation cache shared by the workers: ``DIFFSOUP_JAX_CACHE_DIR``, else
-  ``$DIFFSOUP_CACHE_DIR/jax``, else ``<tmp>/diffsoup-jax-cache-<uid>``;
+  ``$DIFFSOUP_CACHE_DIR/jax``, else ``jax/`` under the user's cache directory (see
+  :func:`diffsoup._settings.settings`); compilations shorter than the setting
+  ``diffsoup.worker.cache-min-compile-seconds`` (0.2 s) are not written to it;
 - with ``DIFFSOUP_GPUS_PER_WORKER=g`` (set by :func:`diffsoup.distributed.slurm_cluster` for jobs
   holding several GPUs), the worker keeps ``g`` of the job's GPUs: worker process ``i`` of the job
   (its name ends in ``-i``, as ``dask worker --nworkers N`` names them) takes the ``i``-th block of
@@ -21,22 +23,19 @@ The set-up, before the worker's JAX starts where possible:
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
+from .._settings import settings
+from ._config import get
 from ._runtime import configure
 
 PLUGIN_NAME = "diffsoup-worker"
 
 
 def default_cache_dir() -> str:
-    """The persistent JAX compilation cache directory shared by diffsoup's workers."""
-    if os.environ.get("DIFFSOUP_JAX_CACHE_DIR"):
-        return os.environ["DIFFSOUP_JAX_CACHE_DIR"]
-    if os.environ.get("DIFFSOUP_CACHE_DIR"):
-        return os.path.join(os.environ["DIFFSOUP_CACHE_DIR"], "jax")
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return os.path.join(tempfile.gettempdir(), f"diffsoup-jax-cache-{uid}")
+    """The persistent JAX compilation cache directory shared by diffsoup's workers (the settings'
+    ``jax_cache_dir``)."""
+    return str(settings().jax_cache_dir)
 
 
 class GPUUnavailableError(RuntimeError):
@@ -72,7 +71,7 @@ def setup_worker_environment(cache_dir: str | None = None) -> None:
     directory = cache_dir or default_cache_dir()
     os.makedirs(directory, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(get("worker.cache-min-compile-seconds")))
 
 
 def pin_gpus(worker_name: Any, visible: str | None, per_worker: int) -> str | None:
@@ -107,7 +106,7 @@ def dask_setup(worker: Any = None) -> None:
     must not compute on CPU, so this ends the worker process (``SystemExit`` with the message).
     """
     try:
-        per_worker = int(os.environ.get("DIFFSOUP_GPUS_PER_WORKER", "0") or 0)
+        per_worker = settings().gpus_per_worker
         if per_worker > 0 and worker is not None:
             pinned = pin_gpus(getattr(worker, "name", ""), os.environ.get("CUDA_VISIBLE_DEVICES"), per_worker)
             if pinned is not None:
