@@ -31,15 +31,10 @@ from .inference._lower import lower as lower
 
 __version__ = "0.1.0"
 
-# Subpackages that pull in heavier dependencies load on first attribute access.
-_LAZY_SUBMODULES = ("inference", "distributed", "store", "examples", "plots", "workflows", "cli")
+from ._lazy import lazy_attributes
 
-
-def __getattr__(name):
-    if name in _LAZY_SUBMODULES:
-        import importlib
-
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'diffsoup' has no attribute {name!r}")
+# Subpackages of the higher layers (and the heavier dependencies they bring) load on first access.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    submodules=("inference", "formats", "store", "distributed", "examples", "plots", "workflows", "cli"),
+)

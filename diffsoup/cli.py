@@ -13,7 +13,6 @@ Run ``diffsoup <command> --help`` for a command's options.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def _enable_x64() -> None:
 
 
 def _load(args):
-    from .inference import load_study
+    from .formats import load_study
 
     return load_study(args.study)
 
@@ -239,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .inference import StudyFileError
+    from ._settings import settings
+    from .formats import StudyFileError
     from .store import LedgerConflictError, LedgerLockedError
 
     parser = build_parser()
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as exc:  # diffsoup's own errors say what is wrong and how to fix it
-        if os.environ.get("DIFFSOUP_TRACEBACK"):
+        if settings().traceback:
             raise
         print(f"diffsoup {args.command}: {type(exc).__name__}: {exc}\n(DIFFSOUP_TRACEBACK=1 shows where it came from)",
               file=sys.stderr)  # fmt: skip

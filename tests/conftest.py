@@ -8,6 +8,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# Implicit rank promotion is an error in the tests: broadcasting is written out ([:, None], ...).
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 def has_gpu() -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import diffsoup as ds
-from diffsoup.inference import StudyFileError, load_study
+from diffsoup.formats import StudyFileError, load_study
 
 jax.config.update("jax_enable_x64", True)
 

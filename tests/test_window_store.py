@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 
 import diffsoup as ds
-from diffsoup.inference import prepare_windows, reset_window_solves, window_solves
+from diffsoup.inference import (
+    InferenceProblem,
+    MemoryWindowCache,
+    WindowCache,
+    WindowEntry,
+    prepare_windows,
+    reset_window_solves,
+    window_solves,
+)
 from diffsoup.store import WindowStore, WindowStoreWarning
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +62,7 @@ SCRIPT = textwrap.dedent(
             time.sleep(0.01)
         key = prepare_windows(exp, study=study, values={"a": 1.1})
         entry = WindowStore().load(key)
-        print(json.dumps({"key": key, "solves": window_solves(), "starts": entry["starts"].tolist(),
+        print(json.dumps({"key": key, "solves": window_solves(), "starts": entry.starts.tolist(),
                           "hashseed": os.environ.get("PYTHONHASHSEED")}))
     '''
 )
@@ -153,6 +161,58 @@ def test_in_process_fit_setup_loads_prepared_starts_without_solving(local):
     assert other != key and window_solves() == 2
 
 
+def test_a_given_window_cache_is_used_and_the_default_store_left_alone(local, tmp_path):
+    exp, study = local
+    reset_window_solves()
+    cache = MemoryWindowCache()
+    key = prepare_windows(exp, study=study, values={"a": 1.1}, window_store=cache)
+    assert window_solves() == 1 and cache.keys() == [key]
+    ip = InferenceProblem(study, values={"a": 1.1}, window_store=cache)
+    assert window_solves() == 1 and ip.window_keys["e"] == key
+    np.testing.assert_array_equal(ip.window_values(ip.nominal)["e"], cache.load(key).starts)
+    assert not (tmp_path / "cache").exists()  # the default store was never opened
+    # The default (the Zarr store) computes the same key and the same starts.
+    assert prepare_windows(exp, study=study, values={"a": 1.1}) == key and window_solves() == 2
+    np.testing.assert_array_equal(WindowStore().load(key).starts, cache.load(key).starts)
+    with pytest.warns(DeprecationWarning, match="window_store"):
+        assert prepare_windows(exp, study=study, values={"a": 1.1}, store=cache) == key
+    assert window_solves() == 2
+    with pytest.raises(TypeError, match="window_store= must be a ds.inference.WindowCache"):
+        prepare_windows(exp, study=study, window_store={})
+    with pytest.raises(TypeError, match="window_store= must be a ds.inference.WindowCache"):
+        InferenceProblem(study, window_store=object())
+
+
+class _ReadOnlyCache(WindowCache):
+    """Holds one stale entry under every key and cannot be written."""
+
+    def __init__(self, stale: WindowEntry):
+        self.stale, self.saves = stale, 0
+
+    def load(self, key):
+        return self.stale
+
+    def save(self, key, entry):
+        self.saves += 1
+        raise OSError("read-only file system")
+
+
+def test_a_stale_entry_is_recomputed_and_an_unwritable_cache_only_warns(local):
+    exp, study = local
+    good = MemoryWindowCache()
+    key = prepare_windows(exp, study=study, window_store=good)
+    right = good.load(key)
+    stale = WindowEntry(np.zeros((3, 2)), np.linspace(0.0, 10.0, 5))  # the right shape for other windows
+    cache = _ReadOnlyCache(stale)
+    reset_window_solves()
+    with pytest.warns(UserWarning, match="could not store the window starts of 'e'.*read-only"):
+        ip = InferenceProblem(study, window_store=cache)
+    assert window_solves() == 1 and cache.saves == 1
+    np.testing.assert_array_equal(ip.window_values(ip.nominal)["e"], right.starts)
+    with pytest.raises(ValueError, match="edges must be"):
+        WindowEntry(np.zeros((2, 2)), np.zeros(3))
+
+
 def _damage_chunk(entry: Path):
     chunk = next(p for p in (entry / "starts").rglob("*") if p.is_file() and p.name != "zarr.json")
     data = chunk.read_bytes()
@@ -182,23 +242,23 @@ def test_damaged_entry_is_recomputed_with_a_warning(local, damage):
     reset_window_solves()
     key = prepare_windows(exp, study=study)
     store = WindowStore()
-    good = store.load(key)["starts"]
+    good = store.load(key).starts
     damage(store.entry_path(key))
     with pytest.warns(WindowStoreWarning, match="incomplete or corrupted"):
         assert prepare_windows(exp, study=study) == key
     assert window_solves() == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        np.testing.assert_array_equal(store.load(key)["starts"], good)
+        np.testing.assert_array_equal(store.load(key).starts, good)
 
 
 def test_losing_a_race_discards_the_copy(tmp_path):
     store = WindowStore(tmp_path)
-    assert store.save("k1", np.ones((2, 3)), np.arange(4.0)) is True
-    assert store.save("k1", np.zeros((2, 3)), np.arange(4.0)) is False
+    assert store.save("k1", WindowEntry(np.ones((2, 3)), np.arange(4.0))) is True
+    assert store.save("k1", WindowEntry(np.zeros((2, 3)), np.arange(4.0))) is False
     assert store.keys() == ["k1"]
     assert [p.name for p in store.path.iterdir() if p.name.startswith(".")] == []
-    np.testing.assert_array_equal(store.load("k1")["starts"], np.ones((2, 3)))
+    np.testing.assert_array_equal(store.load("k1").starts, np.ones((2, 3)))
     with pytest.raises(ValueError, match="key="):
         store.entry_path("../x")
 
@@ -206,7 +266,7 @@ def test_losing_a_race_discards_the_copy(tmp_path):
 def test_plain_zarr_script_reads_the_window_starts(local, tmp_path):
     exp, study = local
     key = prepare_windows(exp, study=study)
-    expected = WindowStore().load(key)["starts"]
+    expected = WindowStore().load(key).starts
     reader = tmp_path / "read.py"
     reader.write_text(
         "import json, sys, zarr\n"

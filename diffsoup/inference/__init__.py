@@ -1,8 +1,9 @@
-"""Experiments, studies, objectives, fitting, and campaigns of independent fits.
+"""Experiments, studies, objectives, fitting, multiple shooting, and campaigns of independent fits.
 
-``checkpointed_map`` and ``world`` live in :mod:`diffsoup.distributed` beside the other execution
-code and keep their documented home here by re-export. They load on first access, so importing
-this package imports neither Dask nor the execution layer.
+Some documented names of this package are defined in higher layers and re-exported here lazily
+(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map`` and
+``world`` live in :mod:`diffsoup.distributed` beside the other execution code (Dask), and
+``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
 from ._balance import balance_owners as balance_owners
@@ -17,24 +18,28 @@ from ._lower import default_block_limit as default_block_limit
 from ._lower import lower as lower
 from ._multishoot import Multishoot as Multishoot
 from ._problem import InferenceProblem as InferenceProblem
-from ._problem import SolverOptions as SolverOptions
+from ._solver_options import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study
-from ._study_file import StudyFile as StudyFile
-from ._study_file import StudyFileError as StudyFileError
-from ._study_file import load_study as load_study
+from ._window_cache import MemoryWindowCache as MemoryWindowCache
+from ._window_cache import WindowCache as WindowCache
+from ._window_cache import WindowEntry as WindowEntry
 from ._windows import prepare_windows as prepare_windows
 from ._windows import reset_window_solves as reset_window_solves
 from ._windows import window_solves as window_solves
 
 from .._lazy import lazy_attributes
 
-# name -> module that defines it, loaded on first attribute access.
-_LAZY = {
-    "checkpointed_map": "diffsoup.distributed",
-    "CampaignResult": "diffsoup.distributed",
-    "world": "diffsoup.distributed",
-    "World": "diffsoup.distributed",
-}
-
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+# name -> the module that defines it, loaded on first attribute access.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "checkpointed_map": "diffsoup.distributed",
+        "CampaignResult": "diffsoup.distributed",
+        "world": "diffsoup.distributed",
+        "World": "diffsoup.distributed",
+        "load_study": "diffsoup.formats",
+        "StudyFile": "diffsoup.formats",
+        "StudyFileError": "diffsoup.formats",
+    },
+)

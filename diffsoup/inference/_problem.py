@@ -28,35 +28,12 @@ import numpy as np
 
 from ._experiment import LogNormal
 from ._multishoot import trajectory_signature, window_layout
+from ._solver_options import SolverOptions
 from ._study import Study, entries_by_name
+from ._window_cache import WindowCache, window_cache
+from ._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
-
-
-@dataclasses.dataclass(frozen=True)
-class SolverOptions:
-    """Options of every solve of the objective.
-
-    Args:
-        rtol, atol: tolerances of ``ds.simulate``.
-        max_steps: step attempts per experiment; more is recorded as a failed solve.
-        checkpoints: records per level of the checkpointed adjoint (gradients, exact Hessians).
-    """
-
-    rtol: float = 1e-6
-    atol: float = 1e-9
-    max_steps: int = 10_000
-    checkpoints: int = 64
-
-    def __post_init__(self):
-        for f in ("rtol", "atol"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"SolverOptions.{f}={v!r} must be a positive number.")
-        for f in ("max_steps", "checkpoints"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SolverOptions.{f}={v!r} must be a positive integer.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +70,15 @@ class InferenceProblem:
         values: linear-scale values overriding the table's nominal values (by parameter or entry
             name), for the fixed parameters and as the nominal point.
         solver: :class:`SolverOptions`.
+        window_store: the :class:`~diffsoup.inference.WindowCache` of the window starts of
+            multiple-shooting experiments; None uses the shared Zarr store under
+            ``DIFFSOUP_CACHE_DIR`` (``ds.store.WindowStore()``), opened only if an experiment
+            needs it.
 
     Experiments carrying a :class:`~diffsoup.inference.Multishoot` add their window starts to
     ``theta`` after the parameters (linear scale, named ``"<experiment id>.window<w>[<state>]"``),
     first guessed by :func:`~diffsoup.inference.prepare_windows`'s path: loaded from the window
-    store, or computed at ``values`` and stored. Their continuity residuals follow the data
+    cache, or computed at ``values`` and saved there. Their continuity residuals follow the data
     residuals of each experiment.
 
     Attributes:
@@ -121,6 +102,7 @@ class InferenceProblem:
         objective: str = "nll",
         values: Mapping[str, float] | None = None,
         solver: SolverOptions = SolverOptions(),
+        window_store: WindowCache | None = None,
     ):
         if not isinstance(study, Study):
             raise TypeError(f"InferenceProblem: study must be a ds.Study, not {type(study).__name__}.")
@@ -172,16 +154,14 @@ class InferenceProblem:
             )
         lows = [study.entries[i].parameter.lower for i in sigma_entries]
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
-        self._windows_init()
+        self._windows_init(window_store)
         self.groups = self._group()
         self.offset = float(sum(self._constant(e) for e in study.experiments)) - 0.5 * self.sigma_shift * sum(
             e.n_measured for e in study.experiments if isinstance(e.noise.sigma, str)
         )
 
     # -- multiple shooting -----------------------------------------------------------------------
-    def _windows_init(self):
-        from ._windows import window_starts
-
+    def _windows_init(self, window_store: WindowCache | None):
         study = self.study
         n = study.problem.n_states
         self.n_parameters = len(self.theta_names)
@@ -189,12 +169,13 @@ class InferenceProblem:
         self.window_keys: dict = {}
         names, lows, highs, starts = [], [], [], []
         offset = self.n_parameters
-        for e in study.experiments:
+        shooting = [e for e in study.experiments if e.trajectory is not None]
+        # Single shooting opens no store (a given one is still checked).
+        cache = window_cache(window_store) if shooting or window_store is not None else None
+        for e in shooting:
             traj = e.trajectory
-            if traj is None:
-                continue
             traj.scales(n)
-            key, s = window_starts(study, self.values, self.solver, e)
+            key, s = window_starts(study, self.values, self.solver, e, cache)
             self.window_keys[e.id] = key
             self.window_offset[e.id] = offset
             offset += s.size
@@ -369,7 +350,7 @@ class InferenceProblem:
         y0s = jnp.concatenate([a["y0"][None].astype(starts.dtype), starts], axis=0)
         sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
         ys = sol.ys[a["win_of"], a["win_pos"]]
-        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"]
+        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"][None, :]
         return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
 
     def trajectories(self, theta) -> dict:

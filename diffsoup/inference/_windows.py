@@ -1,8 +1,9 @@
-"""Window starts of multiple-shooting experiments: computed once, kept in the shared Zarr store.
+"""Window starts of multiple-shooting experiments: computed once, kept in a window cache.
 
 :func:`prepare_windows` computes an experiment's window starts (by a solve at the given parameter
-values, or from the data where the states are observed) and stores them under
-``DIFFSOUP_CACHE_DIR`` (see :mod:`diffsoup.store._windows`), keyed by :func:`window_key`, a
+values, or from the data where the states are observed) and keeps them in a
+:class:`~diffsoup.inference.WindowCache` (by default the shared Zarr store under
+``DIFFSOUP_CACHE_DIR``, see :mod:`diffsoup.inference._window_cache`), keyed by :func:`window_key`, a
 content hash of everything the starts depend on: the model (``Problem.fingerprint``: the rhs
 source, identity, names, sparsity pattern, precision and solver), the initial state, ``t0``, the
 model parameter values of the experiment, the window edges, the ``init`` mode, the data and the
@@ -24,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from ._multishoot import Multishoot
+from ._solver_options import SolverOptions
+from ._study import Parameter, Study, entries_by_name
+from ._window_cache import WindowCache, WindowEntry, window_cache
 
 KEY_VERSION = "windows/1"
 _counter = {"solves": 0}
@@ -129,43 +133,35 @@ def compute_starts(study, values: np.ndarray, solver, experiment) -> np.ndarray:
     return starts
 
 
-def window_starts(study, values: np.ndarray, solver, experiment, *, store: Any = None) -> tuple[str, np.ndarray]:
-    """``(key, starts)`` of ``experiment``: loaded from the store, else computed and stored.
-
-    Args:
-        store: a ``diffsoup.store.WindowStore``; None opens the one under ``DIFFSOUP_CACHE_DIR``.
+def window_starts(study, values: np.ndarray, solver, experiment, cache: WindowCache) -> tuple[str, np.ndarray]:
+    """``(key, starts)`` of ``experiment``: loaded from ``cache``, else computed and saved there.
 
     Returns:
         The key and the window starts ``(W-1, n)``.
     """
-    from ..store._windows import WindowStore
-
-    store = store if store is not None else WindowStore()
     key = window_key(study, values, solver, experiment)
-    edges = experiment.trajectory.edges(experiment)
+    edges = np.asarray(experiment.trajectory.edges(experiment), dtype=np.float64)
     n = study.problem.n_states
-
-    def usable(entry):
-        if entry is None or entry["starts"].shape != (edges.size - 2, n):
-            return False
-        return bool(np.array_equal(entry["edges"], edges))
-
-    entry = store.load(key)
-    if usable(entry):
-        return key, entry["starts"]
+    entry = cache.load(key)
+    if entry is not None and entry.fits(edges, n):
+        return key, entry.starts
     starts = compute_starts(study, values, solver, experiment)
     try:
-        placed = store.save(key, starts, edges, {"experiment": experiment.id,
-                                                  "states": list(study.problem.state_names)})  # fmt: skip
+        placed = cache.save(key, WindowEntry(starts, edges, {"experiment": experiment.id,
+                                                             "states": list(study.problem.state_names)}))  # fmt: skip
     except OSError as err:
-        warnings.warn(f"diffsoup: could not store the window starts of {experiment.id!r} under {store.path}: {err}",
+        warnings.warn(f"diffsoup: could not store the window starts of {experiment.id!r} in {cache!r}: {err}",
                       stacklevel=2)  # fmt: skip
         return key, starts
     if not placed:  # another process stored them first: use its copy, so every process holds the same values
-        entry = store.load(key)
-        if usable(entry):
-            return key, entry["starts"]
+        entry = cache.load(key)
+        if entry is not None and entry.fits(edges, n):
+            return key, entry.starts
     return key, starts
+
+
+PROBLEM_KEYWORDS = ("study", "problem", "table", "levels", "values", "solver", "parameters", "objective",
+                    "window_store")  # fmt: skip
 
 
 def prepare_windows(experiment: Any, trajectory: Any = None, **problem_kwargs: Any) -> str | None:
@@ -184,25 +180,26 @@ def prepare_windows(experiment: Any, trajectory: Any = None, **problem_kwargs: A
             experiment; the experiment need not be one of its own) or ``problem=`` (a built model)
             with ``table=`` (``Parameter`` rows, default none) and ``levels=``; ``values=``
             (linear values by parameter or entry name; default the nominal values); ``solver=``
-            (``SolverOptions``). ``parameters=`` (names to estimate, or with ``problem=`` the
-            ``Parameter`` rows in place of ``table=``) and ``objective=`` are accepted; names do
-            not change the starts. ``store=`` a ``WindowStore`` in place of the default one.
+            (``SolverOptions``); ``window_store=`` (a ``WindowCache``; default the Zarr store
+            under ``DIFFSOUP_CACHE_DIR``). ``parameters=`` (names to estimate, or with
+            ``problem=`` the ``Parameter`` rows in place of ``table=``) and ``objective=`` are
+            accepted; names do not change the starts.
 
     Returns:
         The key the windows are stored under, or None when the experiment uses single shooting
         (nothing to store).
 
     Raises:
-        TypeError: for unknown keywords or neither ``study=`` nor ``problem=``.
+        TypeError: for unknown keywords, neither ``study=`` nor ``problem=``, or a
+            ``window_store`` that is not a ``WindowCache``.
         ValueError: as for ``Study`` and ``Multishoot``.
     """
-    from ._problem import SolverOptions
-    from ._study import Parameter, Study, entries_by_name
-
-    known = {"study", "problem", "table", "levels", "values", "solver", "parameters", "objective", "store"}
-    unknown = sorted(set(problem_kwargs) - known)
+    if "store" in problem_kwargs:  # its name before window_store= (the InferenceProblem keyword)
+        warnings.warn("prepare_windows: store= is now window_store=.", DeprecationWarning, stacklevel=2)
+        problem_kwargs.setdefault("window_store", problem_kwargs.pop("store"))
+    unknown = sorted(set(problem_kwargs) - set(PROBLEM_KEYWORDS))
     if unknown:
-        raise TypeError(f"prepare_windows: unknown keyword(s) {unknown}; accepted are {sorted(known)}.")
+        raise TypeError(f"prepare_windows: unknown keyword(s) {unknown}; accepted are {sorted(PROBLEM_KEYWORDS)}.")
     traj = trajectory if trajectory is not None else getattr(experiment, "trajectory", None)
     if traj is None:
         return None
@@ -223,8 +220,9 @@ def prepare_windows(experiment: Any, trajectory: Any = None, **problem_kwargs: A
             raise TypeError("prepare_windows: table= holds ds.inference.Parameter rows.")
     else:
         raise TypeError("prepare_windows: give study= (a ds.Study) or problem= (a built model) for the solve.")
+    cache = window_cache(problem_kwargs.get("window_store"))
     one = Study(model, [experiment], table, levels=levels)
     solver = problem_kwargs.get("solver") or SolverOptions()
     values = entries_by_name(one, problem_kwargs.get("values"))
-    key, _ = window_starts(one, values, solver, one.experiments[0], store=problem_kwargs.get("store"))
+    key, _ = window_starts(one, values, solver, one.experiments[0], cache)
     return key

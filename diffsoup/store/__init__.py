@@ -13,17 +13,19 @@ from ._ledger import backup_ledger as backup_ledger
 from ._ledger import fingerprint as fingerprint
 from ._ledger import write_text_durably as write_text_durably
 
+from .._settings import cache_dir as cache_dir
+
 from .._lazy import lazy_attributes
 
 # name -> module that defines it, loaded on first attribute access (keeps zarr out of the import).
-_LAZY = {
-    "WindowStore": "diffsoup.store._windows",
-    "WindowStoreWarning": "diffsoup.store._windows",
-    "cache_dir": "diffsoup.store._windows",
-    "write_fit": "diffsoup.store._results",
-    "read_fit": "diffsoup.store._results",
-    "write_simulation": "diffsoup.store._results",
-    "write_summary": "diffsoup.store._results",
-}
-
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "WindowStore": "diffsoup.store._windows",
+        "WindowStoreWarning": "diffsoup.store._windows",
+        "write_fit": "diffsoup.store._results",
+        "read_fit": "diffsoup.store._results",
+        "write_simulation": "diffsoup.store._results",
+        "write_summary": "diffsoup.store._results",
+    },
+)

@@ -1,5 +1,9 @@
 """The window-start store: multiple-shooting window starts kept in Zarr, shared by processes.
 
+:class:`WindowStore` is the default :class:`~diffsoup.inference.WindowCache` of
+``ds.inference.prepare_windows`` and ``InferenceProblem`` (the numerical layer names it through
+a lazy reference and never imports this module; see ``diffsoup/inference/_window_cache.py``).
+
 Layout (plain Zarr v3, readable with ``zarr.open_group``)::
 
     <cache dir>/windows/             a Zarr group
@@ -8,7 +12,7 @@ Layout (plain Zarr v3, readable with ``zarr.open_group``)::
             edges                    float64 (W+1,): the window edges t0, b_1, ..., t_last
 
 The cache directory is ``DIFFSOUP_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/diffsoup``, else
-``~/.cache/diffsoup``.
+``~/.cache/diffsoup`` (read by :func:`diffsoup._settings.cache_dir`).
 
 Zarr itself does not make concurrent writers safe (zarr 3.4: creating one array from two
 processes is not exclusive, two writers of one chunk lose updates). So an entry is written whole
@@ -29,9 +33,12 @@ import shutil
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import numpy as np
+
+from .._settings import cache_dir
+from ..inference._window_cache import WindowCache, WindowEntry
 
 FORMAT = "diffsoup.windows/1"
 ARRAYS = ("starts", "edges")
@@ -39,17 +46,6 @@ ARRAYS = ("starts", "edges")
 
 class WindowStoreWarning(UserWarning):
     """An entry of the window store was incomplete or corrupted and is being recomputed."""
-
-
-def cache_dir(path: Any = None) -> Path:
-    """The cache directory: ``path`` if given, else ``DIFFSOUP_CACHE_DIR``, else the user cache dir."""
-    if path is not None:
-        return Path(path)
-    env = os.environ.get("DIFFSOUP_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "diffsoup"
 
 
 def checksum(arrays: dict) -> str:
@@ -62,11 +58,13 @@ def checksum(arrays: dict) -> str:
     return h.hexdigest()
 
 
-class WindowStore:
+@final
+class WindowStore(WindowCache):
     """Window starts by key, in a Zarr group under the cache directory.
 
     Args:
-        root: the cache directory; None reads ``DIFFSOUP_CACHE_DIR`` (see :func:`cache_dir`).
+        root: the cache directory; None reads ``DIFFSOUP_CACHE_DIR`` (see
+            :func:`diffsoup._settings.cache_dir`).
 
     Attributes:
         path: the Zarr group holding the entries (``root/windows``).
@@ -90,8 +88,11 @@ class WindowStore:
             raise ValueError(f"WindowStore: key={key!r} must be a non-empty name without '/' not starting with '.'.")
         return self.path / key
 
-    def load(self, key: str) -> dict | None:
-        """The entry of ``key`` as ``{"starts", "edges", "attrs"}``, or None when absent or damaged.
+    def __repr__(self) -> str:
+        return f"WindowStore({str(self.path)!r})"
+
+    def load(self, key: str) -> WindowEntry | None:
+        """The entry of ``key``, or None when absent or damaged.
 
         A damaged entry (unreadable, incomplete, checksum mismatch) is reported with a
         :class:`WindowStoreWarning` and removed, so that the caller recomputes and stores it.
@@ -111,6 +112,7 @@ class WindowStore:
                 raise ValueError("the stored arrays do not match their checksum")
             if attrs.get("key") != key:
                 raise ValueError(f"the entry names key {attrs.get('key')!r}")
+            entry = WindowEntry(arrays["starts"], arrays["edges"], attrs)
         except Exception as err:  # noqa: BLE001 (any read failure means a damaged entry)
             warnings.warn(
                 f"diffsoup window store: entry {key} at {where} is incomplete or corrupted "
@@ -120,16 +122,15 @@ class WindowStore:
             )
             self._discard(where)
             return None
-        return {**arrays, "attrs": attrs}
+        return entry
 
-    def save(self, key: str, starts: Any, edges: Any, attrs: dict | None = None) -> bool:
+    def save(self, key: str, entry: WindowEntry) -> bool:
         """Write the entry of ``key`` whole, then rename it into place.
 
         Args:
             key: the content key.
-            starts: window starts ``(W-1, n)``.
-            edges: window edges ``(W+1,)``.
-            attrs: further JSON attributes (e.g. state names).
+            entry: the window starts and edges; its ``attrs`` (JSON: experiment id, state names)
+                are kept as attributes of the entry's group.
 
         Returns:
             True if this call's copy was placed; False if another process placed the entry first
@@ -137,15 +138,17 @@ class WindowStore:
         """
         import zarr
 
+        if not isinstance(entry, WindowEntry):
+            raise TypeError(f"WindowStore.save: entry must be a ds.inference.WindowEntry, not {type(entry).__name__}.")
         self._ensure_root()
         target = self.entry_path(key)
-        arrays = {"starts": np.asarray(starts, dtype=np.float64), "edges": np.asarray(edges, dtype=np.float64)}
+        arrays = {"starts": entry.starts, "edges": entry.edges}
         tmp = self.path / f".tmp-{key}-{uuid.uuid4().hex}"
         try:
             group = zarr.open_group(str(tmp), mode="w-")
             for name in ARRAYS:
                 group.create_array(name, data=arrays[name])
-            meta = dict(attrs or {})
+            meta = dict(entry.attrs)
             meta.update(format=FORMAT, key=key, checksum=checksum(arrays))
             group.attrs.update(meta)
             group.attrs["complete"] = True  # last: the entry is complete once this is written

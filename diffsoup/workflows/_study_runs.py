@@ -27,7 +27,7 @@ CURVE_POINTS = 120
 
 
 def _study_file(study: Any):
-    from ..inference import StudyFile, load_study
+    from ..formats import StudyFile, load_study
 
     return study if isinstance(study, StudyFile) else load_study(study)
 

@@ -60,23 +60,34 @@ A data file is CSV with a header: a ``time`` column, one column per observable (
 for a missing value), optionally ``sigma:<observable>`` columns giving each value's standard
 deviation, and optionally an ``experiment`` column, so that one file can hold many experiments
 (each takes the rows carrying its id).
+
+The reader is split by concept: this module reads the study's tables into a ``ds.Study``;
+:mod:`._reader` checks values and locates errors (:class:`StudyFileError`), :mod:`._expressions`
+checks and evaluates the observable expressions, :mod:`._data_files` reads the CSV data files.
 """
 
 from __future__ import annotations
 
-import ast
-import csv
 import dataclasses
-import difflib
 import importlib
 import importlib.util
-import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
+
+from .._precision import Precision
+from ..inference import Experiment, Gaussian, LogNormal, Multishoot, Parameter, SolverOptions, Study
+from ..inference import lower as lower_study
+from ..inference._fit import METHODS
+from ..inference._study import EXPERIMENT_LEVEL, SCALES
+from ..linear import KLU, CuDSS, Dense
+from ..model import Problem, ProblemSpec, ReactionNetwork
+from ._data_files import DataTable, read_data_table
+from ._expressions import Observables, read_expressions
+from ._reader import StudyFileError, TomlReader
 
 FORMAT = "diffsoup-study/1"
 FORMAT_PREFIX = "diffsoup-study/"
@@ -95,22 +106,6 @@ LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
 PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
 NOISE_MODELS = ("gaussian", "lognormal")
 OBJECTIVES = ("nll", "chi2")
-EXPRESSION_FUNCTIONS = ("exp", "log", "log10", "sqrt", "abs")
-
-
-class StudyFileError(ValueError):
-    """A study file (or one of its data files) that cannot be read.
-
-    Attributes:
-        path: the file at fault.
-        line: its 1-based line, or None when unknown.
-        field: the field, written as in the file (``experiments[2].data``), or None.
-    """
-
-    def __init__(self, message: str, *, path: Any, line: int | None = None, field: str | None = None):
-        self.path, self.line, self.field = Path(path), line, field
-        where = f"{path}:{line}" if line else f"{path}"
-        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,125 +134,9 @@ class StudyFile:
 
     def lower(self, **options):
         """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
-        from ._lower import lower
-
         options.setdefault("objective", self.fit["objective"])
         options.setdefault("solver", self.solver)
-        return lower(self.study, **options)
-
-
-# --------------------------------------------------------------------------------------------
-# Where things are in the file
-# --------------------------------------------------------------------------------------------
-
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
-_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')\s*(\.|=)")
-
-
-class _Lines:
-    """Line numbers of tables and keys in a TOML text, by field path (``("experiments", 2, "data")``)."""
-
-    def __init__(self, text: str):
-        self.at: dict[tuple, int] = {}
-        counts: dict[str, int] = {}
-        table: tuple = ()
-        for number, line in enumerate(text.splitlines(), start=1):
-            header = _HEADER.match(line)
-            if header:
-                name = header.group(2).replace('"', "").replace("'", "").strip()
-                parts = tuple(p.strip() for p in name.split("."))
-                if header.group(1) == "[[":
-                    index = counts.get(name, 0)
-                    counts[name] = index + 1
-                    table = parts + (index,)
-                else:
-                    # a sub-table of the latest array element: [experiments.y0] after [[experiments]]
-                    head = parts[0]
-                    table = (head, counts[head] - 1) + parts[1:] if head in counts else parts
-                self.at.setdefault(table, number)
-                continue
-            key = _KEY.match(line)
-            if key:
-                self.at.setdefault(table + (key.group(1).strip("\"'"),), number)
-
-    def line(self, path: tuple) -> int | None:
-        for end in range(len(path), 0, -1):
-            if path[:end] in self.at:
-                return self.at[path[:end]]
-        return None
-
-
-def _field_name(path: tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-class _Reader:
-    """Checks values of the parsed TOML and raises :class:`StudyFileError` with line and field."""
-
-    def __init__(self, path: Path, text: str):
-        self.path = path
-        self.lines = _Lines(text)
-
-    def error(self, field: tuple, message: str) -> StudyFileError:
-        return StudyFileError(message, path=self.path, line=self.lines.line(field),
-                              field=_field_name(field) if field else None)  # fmt: skip
-
-    def keys(self, table: Mapping, allowed: tuple, field: tuple) -> None:
-        for key in table:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
-                raise self.error(field + (key,), f"unknown key {key!r}{hint}")
-
-    def table(self, value: Any, field: tuple) -> dict:
-        if not isinstance(value, Mapping):
-            raise self.error(field, f"must be a table (key = value pairs), not {_kind(value)}")
-        return dict(value)
-
-    def string(self, value: Any, field: tuple, choices: tuple | None = None) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.error(field, f"must be a non-empty string, not {_kind(value)}")
-        if choices is not None and value not in choices:
-            raise self.error(field, f"{value!r} is not one of {', '.join(choices)}")
-        return value
-
-    def number(self, value: Any, field: tuple, *, positive: bool = False) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.error(field, f"must be a number, not {_kind(value)}")
-        value = float(value)
-        if math.isnan(value) or (positive and not (value > 0 and math.isfinite(value))):
-            raise self.error(field, f"must be a {'positive finite ' if positive else ''}number, not {value}")
-        return value
-
-    def integer(self, value: Any, field: tuple, *, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(field, f"must be an integer of at least {minimum}, not {value!r}")
-        return value
-
-    def names(self, value: Any, field: tuple) -> list[str]:
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.error(field, f"must be a list of names (strings), not {_kind(value)}")
-        dup = sorted({v for v in value if value.count(v) > 1})
-        if dup:
-            raise self.error(field, f"names {dup} appear twice")
-        return list(value)
-
-    def known(self, name: str, known: Any, field: tuple, what: str) -> None:
-        if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(map(str, known)) or 'none'}"
-            raise self.error(field, f"unknown {what} {name!r}{hint}")
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"
+        return lower_study(self.study, **options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +167,7 @@ def load_study(path: Any) -> StudyFile:
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"line (\d+)", str(exc))
         raise StudyFileError(f"not valid TOML: {exc}", path=path, line=int(match.group(1)) if match else None) from None
-    r = _Reader(path, text)
+    r = TomlReader(path, text)
     r.keys(doc, TOP_KEYS, ())
     if "format" not in doc:
         raise r.error((), f'the first line must name the format: format = "{FORMAT}"')
@@ -302,7 +181,7 @@ def load_study(path: Any) -> StudyFile:
     problem = _model(r, r.table(doc.get("model", None) or _missing(r, "model"), ("model",)), path.parent)
     states = tuple(problem.state_names)
     model_parameters = tuple(problem.parameter_names)
-    expressions = _expressions(r, r.table(doc.get("observables", {}), ("observables",)), states, model_parameters)
+    expressions = read_expressions(r, r.table(doc.get("observables", {}), ("observables",)), states, model_parameters)
     solver = _solver(r, r.table(doc.get("solver", {}), ("solver",)))
     fit = _fit(r, r.table(doc.get("fit", {}), ("fit",)))
     default_noise = _noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",))
@@ -325,8 +204,6 @@ def load_study(path: Any) -> StudyFile:
         seen[e.id] = i
         experiments.append(e)
         observed[e.id] = names
-    from ._study import Study
-
     try:
         study = Study(problem, experiments, parameters, levels=levels)
     except ValueError as exc:  # what only the whole study can tell (levels, sigma parameters)
@@ -335,11 +212,11 @@ def load_study(path: Any) -> StudyFile:
                      data_files=tuple(context.tables), description=str(doc.get("description", "")))  # fmt: skip
 
 
-def _missing(r: _Reader, key: str):
+def _missing(r: TomlReader, key: str):
     raise r.error((), f"the [{key}] table is missing")
 
 
-def _locate(r: _Reader, exc: Exception, index: Mapping[str, int]) -> StudyFileError:
+def _locate(r: TomlReader, exc: Exception, index: Mapping[str, int]) -> StudyFileError:
     match = re.match(r"(?:Study: )?Experiment '([^']*)'", str(exc))
     if match and match.group(1) in index:
         return r.error(("experiments", index[match.group(1)]), str(exc))
@@ -347,10 +224,8 @@ def _locate(r: _Reader, exc: Exception, index: Mapping[str, int]) -> StudyFileEr
     return r.error(("parameters",), str(exc)) if match else r.error((), str(exc))
 
 
-def _model(r: _Reader, table: dict, base: Path):
+def _model(r: TomlReader, table: dict, base: Path):
     """The built ``Problem`` of ``[model]``."""
-    import diffsoup as ds
-
     r.keys(table, MODEL_KEYS, ("model",))
     has_network, has_python = "reactions" in table or "species" in table, "python" in table
     if has_network == has_python:
@@ -369,15 +244,15 @@ def _model(r: _Reader, table: dict, base: Path):
             if not (isinstance(rxn, list) and len(rxn) == 2 and all(isinstance(x, str) and x for x in rxn)):
                 raise r.error(("model", "reactions"), f"reaction {i} is {rxn!r}; write [\"A + B -> C\", \"rate_name\"]")
             rows.append(tuple(rxn))
-        rates = _values(r, table.get("parameters", {}), ("model", "parameters"))
+        rates = r.values(table.get("parameters", {}), ("model", "parameters"))
         named = [rate for _, rate in rows]
         for k in rates:
             r.known(k, named, ("model", "parameters", k), "rate constant (not used by any reaction)")
         try:
-            network = ds.ReactionNetwork(species, rows, {k: rates.get(k, 1.0) for k in dict.fromkeys(named)})
+            network = ReactionNetwork(species, rows, {k: rates.get(k, 1.0) for k in dict.fromkeys(named)})
         except ValueError as exc:
             raise r.error(("model", "reactions"), str(exc)) from None
-        y0_values = _values(r, table.get("y0", {}), ("model", "y0"))
+        y0_values = r.values(table.get("y0", {}), ("model", "y0"))
         for k in y0_values:
             r.known(k, species, ("model", "y0", k), "species")
         spec = network.to_spec(y0=[y0_values.get(s, 0.0) for s in species])
@@ -388,24 +263,24 @@ def _model(r: _Reader, table: dict, base: Path):
         spec = _python_model(r, r.string(table["python"], ("model", "python")), base)
     solver_name = r.string(table.get("linear_solver", "auto"), ("model", "linear_solver"), LINEAR_SOLVERS)
     precision_name = r.string(table.get("precision", "fp64"), ("model", "precision"), PRECISIONS)
-    if isinstance(spec, ds.Problem):
+    if isinstance(spec, Problem):
         if "linear_solver" in table or "precision" in table:
             raise r.error(field, "the python function returned a built Problem; return its ProblemSpec to set "
                           "linear_solver or precision here")  # fmt: skip
         return spec
-    if isinstance(spec, ds.ReactionNetwork):
+    if isinstance(spec, ReactionNetwork):
         spec = spec.to_spec()
-    if not isinstance(spec, ds.ProblemSpec):
+    if not isinstance(spec, ProblemSpec):
         raise r.error(("model", "python"), f"returned {type(spec).__name__}; it must return a ProblemSpec, "
                       "ReactionNetwork or Problem")  # fmt: skip
-    linear = {"auto": None, "dense": ds.linear.Dense, "klu": ds.linear.KLU, "cudss": ds.linear.CuDSS}[solver_name]
+    linear = {"auto": None, "dense": Dense, "klu": KLU, "cudss": CuDSS}[solver_name]
     try:
-        return spec.build(precision=getattr(ds.Precision, precision_name)(), linear_solver=linear() if linear else None)
+        return spec.build(precision=getattr(Precision, precision_name)(), linear_solver=linear() if linear else None)
     except (ValueError, TypeError, RuntimeError) as exc:
         raise r.error(field, f"the model does not build: {exc}") from None
 
 
-def _python_model(r: _Reader, target: str, base: Path):
+def _python_model(r: TomlReader, target: str, base: Path):
     field = ("model", "python")
     if ":" not in target:
         raise r.error(field, f"{target!r} must read file.py:function or package.module:function")
@@ -438,14 +313,7 @@ def _python_model(r: _Reader, target: str, base: Path):
     return value
 
 
-def _values(r: _Reader, table: Any, field: tuple) -> dict[str, float]:
-    table = r.table(table, field)
-    return {k: r.number(v, field + (k,)) for k, v in table.items()}
-
-
-def _solver(r: _Reader, table: dict):
-    from ._problem import SolverOptions
-
+def _solver(r: TomlReader, table: dict):
     r.keys(table, SOLVER_KEYS, ("solver",))
     values = {}
     for key in ("rtol", "atol"):
@@ -457,9 +325,7 @@ def _solver(r: _Reader, table: dict):
     return SolverOptions(**values)
 
 
-def _fit(r: _Reader, table: dict) -> dict:
-    from ._fit import METHODS
-
+def _fit(r: TomlReader, table: dict) -> dict:
     r.keys(table, FIT_KEYS, ("fit",))
     max_nfev = table.get("max_nfev", None)
     return {
@@ -471,9 +337,7 @@ def _fit(r: _Reader, table: dict) -> dict:
     }
 
 
-def _noise(r: _Reader, table: Any, field: tuple):
-    from ._experiment import Gaussian, LogNormal
-
+def _noise(r: TomlReader, table: Any, field: tuple):
     table = r.table(table, field)
     r.keys(table, NOISE_KEYS, field)
     model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
@@ -483,9 +347,7 @@ def _noise(r: _Reader, table: Any, field: tuple):
     return (Gaussian if model == "gaussian" else LogNormal)(sigma)
 
 
-def _parameter(r: _Reader, raw: Any, field: tuple, levels: list[str]):
-    from ._study import EXPERIMENT_LEVEL, SCALES, Parameter
-
+def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
     raw = r.table(raw, field)
     r.keys(raw, PARAMETER_KEYS, field)
     if "name" not in raw or "nominal" not in raw:
@@ -509,82 +371,6 @@ def _parameter(r: _Reader, raw: Any, field: tuple, levels: list[str]):
         raise r.error(field, str(exc)) from None
 
 
-def _expressions(r: _Reader, table: dict, states: tuple, model_parameters: tuple) -> dict[str, Callable]:
-    out = {}
-    for name, text in table.items():
-        field = ("observables", name)
-        if name in states:
-            raise r.error(field, f"observable {name!r} has a species' name; give it another name")
-        text = r.string(text, field)
-        try:
-            tree = ast.parse(text, mode="eval")
-        except SyntaxError as exc:
-            raise r.error(field, f"{text!r} is not an expression: {exc.msg}") from None
-        _check_expression(r, tree.body, field, states, model_parameters)
-        out[name] = tree.body
-    return out
-
-
-_BINARY = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide", ast.Pow: "power"}
-
-
-def _check_expression(r: _Reader, node: ast.AST, field: tuple, states: tuple, model_parameters: tuple) -> None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return
-    if isinstance(node, ast.Name):
-        if node.id not in states and node.id not in model_parameters:
-            r.known(node.id, states + model_parameters, field, "species or model parameter")
-        return
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        _check_expression(r, node.left, field, states, model_parameters)
-        _check_expression(r, node.right, field, states, model_parameters)
-        return
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        _check_expression(r, node.operand, field, states, model_parameters)
-        return
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EXPRESSION_FUNCTIONS
-            and len(node.args) == 1 and not node.keywords):  # fmt: skip
-        _check_expression(r, node.args[0], field, states, model_parameters)
-        return
-    raise r.error(field, f"{ast.unparse(node)!r} is not allowed: use numbers, species, model parameters, "
-                  f"+ - * / ** and {', '.join(EXPRESSION_FUNCTIONS)}")  # fmt: skip
-
-
-def _evaluate(node: ast.AST, y, p, index: Mapping[str, int]):
-    import jax.numpy as jnp
-
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        return y[index[node.id]] if node.id in index else p[node.id]
-    if isinstance(node, ast.BinOp):
-        return getattr(jnp, _BINARY[type(node.op)])(_evaluate(node.left, y, p, index), _evaluate(node.right, y, p, index))
-    if isinstance(node, ast.UnaryOp):
-        value = _evaluate(node.operand, y, p, index)
-        return -value if isinstance(node.op, ast.USub) else value
-    return getattr(jnp, node.func.id)(_evaluate(node.args[0], y, p, index))
-
-
-class _Observables:
-    """``observables(y, p)`` of named species and expressions; one object per name list, so that
-    experiments observing the same names are evaluated together."""
-
-    def __init__(self, names: tuple, states: tuple, expressions: Mapping[str, ast.AST]):
-        self.names, self.states = names, states
-        self.nodes = {n: expressions[n] for n in names if n in expressions}
-        self.index = {s: i for i, s in enumerate(states)}
-
-    def __call__(self, y, p):
-        import jax.numpy as jnp
-
-        values = [_evaluate(self.nodes[n], y, p, self.index) if n in self.nodes else y[self.index[n]]
-                  for n in self.names]  # fmt: skip
-        return jnp.stack([jnp.asarray(v, dtype=y.dtype) for v in values])
-
-    def __repr__(self) -> str:
-        return f"observables({', '.join(self.names)})"
-
-
 class _ExperimentContext:
     def __init__(self, r, base, states, model_parameters, expressions, default_noise, study_names, levels):
         self.r, self.base = r, base
@@ -592,11 +378,9 @@ class _ExperimentContext:
         self.expressions, self.default_noise = expressions, default_noise
         self.study_names, self.levels = study_names, levels
         self.observable_functions: dict[tuple, Any] = {}
-        self.tables: dict[Path, tuple] = {}
+        self.tables: dict[Path, DataTable] = {}
 
     def experiment(self, raw: Any, field: tuple):
-        from ._experiment import Experiment
-
         r = self.r
         raw = r.table(raw, field)
         r.keys(raw, EXPERIMENT_KEYS, field)
@@ -633,7 +417,7 @@ class _ExperimentContext:
             noise = type(noise)(sigmas)
         if isinstance(noise.sigma, str):
             r.known(noise.sigma, self.study_names, field + ("noise", "sigma"), "study parameter")
-        conditions = _values(r, raw.get("conditions", {}), field + ("conditions",))
+        conditions = r.values(raw.get("conditions", {}), field + ("conditions",))
         for k in conditions:
             r.known(k, self.model_parameters, field + ("conditions", k), "model parameter")
         mapping = r.table(raw.get("parameters", {}), field + ("parameters",))
@@ -642,7 +426,7 @@ class _ExperimentContext:
             r.known(r.string(v, field + ("parameters", k)), self.study_names, field + ("parameters", k), "study parameter")
         y0 = None
         if "y0" in raw:
-            y0 = _values(r, raw["y0"], field + ("y0",))
+            y0 = r.values(raw["y0"], field + ("y0",))
             for k in y0:
                 r.known(k, self.states, field + ("y0", k), "species")
         groups = r.table(raw.get("groups", {}), field + ("groups",))
@@ -665,12 +449,10 @@ class _ExperimentContext:
         if names == self.states:
             return None  # every state observed in order: data-initialized window starts work
         if names not in self.observable_functions:
-            self.observable_functions[names] = _Observables(names, self.states, self.expressions)
+            self.observable_functions[names] = Observables(names, self.states, self.expressions)
         return self.observable_functions[names]
 
     def multishoot(self, raw: Any, field: tuple):
-        from ._multishoot import Multishoot
-
         raw = self.r.table(raw, field)
         self.r.keys(raw, MULTISHOOT_KEYS, field)
         try:
@@ -684,71 +466,8 @@ class _ExperimentContext:
         if not file.is_file():
             raise self.r.error(field, f"data file {name!r} not found (looked for {file})")
         if file not in self.tables:
-            self.tables[file] = _read_csv(self.r, file)
-        header, rows, lines = self.tables[file]
-        if "experiment" in header:
-            col = header.index("experiment")
-            keep = [i for i, row in enumerate(rows) if row[col] == eid]
-            if not keep:
-                raise self.r.error(field, f"{name} has no rows whose experiment column is {eid!r}")
-            rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
-        names = [h for h in header if h not in ("time", "experiment") and not h.startswith("sigma:")]
-        if not names:
-            raise StudyFileError("no observable columns besides time", path=file, line=1)
-        for h in header:
-            if h.startswith("sigma:") and h[6:] not in names:
-                raise StudyFileError(f"column {h!r} names no observable column", path=file, line=1)
-        values = np.full((len(rows), len(names)), np.nan)
-        sigmas = np.full((len(rows), len(names)), np.nan)
-        times = np.empty(len(rows))
-        for i, (row, line) in enumerate(zip(rows, lines)):
-            times[i] = _cell(row[header.index("time")], file, line, "time")
-            for j, n in enumerate(names):
-                values[i, j] = _cell(row[header.index(n)], file, line, n, missing=True)
-                if f"sigma:{n}" in header:
-                    sigmas[i, j] = _cell(row[header.index(f"sigma:{n}")], file, line, f"sigma:{n}", missing=True)
-        if times.size and np.any(np.diff(times) < 0):
-            i = int(np.nonzero(np.diff(times) < 0)[0][0])
-            raise StudyFileError(f"times are out of order for experiment {eid!r} ({times[i]} then {times[i + 1]}); "
-                                 "sort the rows by time", path=file, line=lines[i + 1])  # fmt: skip
-        return times, names, values, sigmas
-
-
-def _read_csv(r: _Reader, file: Path):
-    with open(file, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise StudyFileError("the file is empty; it needs a header line (time, observables...)", path=file,
-                                 line=1) from None  # fmt: skip
-        if "time" not in header:
-            raise StudyFileError(f"the header {header} has no 'time' column", path=file, line=1)
-        dup = sorted({h for h in header if header.count(h) > 1})
-        if dup:
-            raise StudyFileError(f"columns {dup} appear twice in the header", path=file, line=1)
-        rows, lines = [], []
-        for row in reader:
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise StudyFileError(f"{len(row)} values where the header has {len(header)} columns", path=file,
-                                     line=reader.line_num)  # fmt: skip
-            rows.append([c.strip() for c in row])
-            lines.append(reader.line_num)
-    if not rows:
-        raise StudyFileError("the file has a header but no data rows", path=file, line=1)
-    return header, rows, lines
-
-
-def _cell(text: str, file: Path, line: int, column: str, *, missing: bool = False) -> float:
-    if missing and text.lower() in ("", "nan", "na"):
-        return math.nan
-    try:
-        value = float(text)
-    except ValueError:
-        raise StudyFileError(f"column {column!r}: {text!r} is not a number", path=file, line=line) from None
-    if not math.isfinite(value):
-        raise StudyFileError(f"column {column!r}: {text!r} must be finite (leave a missing value empty)",
-                             path=file, line=line) from None  # fmt: skip
-    return value
+            self.tables[file] = read_data_table(file)
+        data = self.tables[file].experiment(eid)
+        if data is None:
+            raise self.r.error(field, f"{name} has no rows whose experiment column is {eid!r}")
+        return data

@@ -1,0 +1,488 @@
+"""The package's layering, read from the source with ``ast``: every import of every module
+(module level and inside functions, relative and absolute, ``importlib.import_module`` with a
+constant name), no import cycles between modules, no import from a lower layer to a higher one,
+Dask only in the execution layer, zarr only in the stores, ``jax._src`` only in
+``distributed/_kv.py``, ``DIFFSOUP_*`` read only by ``_settings``; and, in a fresh process,
+``import diffsoup`` loading no Dask, zarr, stores, formats or execution code.
+
+Deferred references declared through ``diffsoup._lazy`` (``lazy_attributes`` maps and
+``LazyReference`` objects) are data, not imports; those pointing upward are listed in
+:data:`ALLOWED_UPWARD` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "diffsoup"
+
+# The layers of DESIGN.md, numbered: a module may import its own layer and lower ones. The most
+# specific prefix wins. The package root ``diffsoup`` (its __init__: re-exports from the numerical
+# layers, the rest named lazily) is a facade at the top, so no layer below imports it.
+LAYERS: dict[str, int] = {
+    "diffsoup._settings": 0,
+    "diffsoup._lazy": 0,
+    "diffsoup._precision": 1,
+    "diffsoup._layout": 1,
+    "diffsoup.linear": 2,
+    "diffsoup.model": 3,
+    "diffsoup.examples": 3,  # reference problems: model specifications only
+    "diffsoup.integrate": 4,
+    "diffsoup.inference": 5,
+    "diffsoup.formats": 6,
+    "diffsoup.store": 7,
+    "diffsoup.distributed": 8,
+    "diffsoup.workflows": 9,
+    "diffsoup.plots": 9,  # drawn for the workflows' output
+    "diffsoup.cli": 9,
+    "diffsoup.__main__": 9,
+    "diffsoup._demo": 9,
+    "diffsoup._demo_study": 9,
+    "diffsoup": 9,
+}
+
+# The upward references the lazy mechanism declares, and the only ones allowed:
+# (declaring module, attribute, module it comes from).
+ALLOWED_UPWARD: dict[tuple[str, str, str], str] = {
+    ("diffsoup.inference", "checkpointed_map", "diffsoup.distributed"): "documented home ds.inference",
+    ("diffsoup.inference", "CampaignResult", "diffsoup.distributed"): "documented home ds.inference",
+    ("diffsoup.inference", "world", "diffsoup.distributed"): "documented home ds.inference",
+    ("diffsoup.inference", "World", "diffsoup.distributed"): "documented home ds.inference",
+    ("diffsoup.inference", "load_study", "diffsoup.formats"): "documented home ds.inference",
+    ("diffsoup.inference", "StudyFile", "diffsoup.formats"): "documented home ds.inference",
+    ("diffsoup.inference", "StudyFileError", "diffsoup.formats"): "documented home ds.inference",
+    ("diffsoup.inference._window_cache", "WindowStore", "diffsoup.store._windows"):
+        "the default window cache of prepare_windows / InferenceProblem (DIFFSOUP_CACHE_DIR); "
+        "any WindowCache can be passed as window_store=",
+}
+
+# Violations in modules other changes of issue 17 are fixing (strict xfails below say when they
+# are gone: then delete the entry).
+KNOWN_CYCLES: dict[frozenset, str] = {
+    frozenset({"diffsoup.distributed._campaign", "diffsoup.distributed._clusters", "diffsoup.distributed._run"}):
+        "execution backends (issue 17 item 3)",
+    frozenset({"diffsoup.integrate._simulate", "diffsoup.integrate._adjoint"}): "integrator interfaces (item 1)",
+}
+KNOWN_ENVIRONMENT_READS: dict[tuple[str, str], str] = {
+    ("diffsoup.linear._cudss", "DIFFSOUP_CUDSS_CHECK_INFO"): "cuDSS settings (item 5)",
+    ("diffsoup.linear._cudss_build", "DIFFSOUP_CACHE_DIR"): "cuDSS build cache (item 5)",
+    ("diffsoup.linear._cudss_build", "DIFFSOUP_CUDSS_NVCC_FLAGS"): "cuDSS build flags (item 5)",
+    ("diffsoup.distributed._worker", "DIFFSOUP_JAX_CACHE_DIR"): "worker settings (item 5)",
+    ("diffsoup.distributed._worker", "DIFFSOUP_CACHE_DIR"): "worker settings (item 5)",
+    ("diffsoup.distributed._worker", "DIFFSOUP_GPUS_PER_WORKER"): "worker settings (item 5)",
+    ("diffsoup.distributed._runtime", "DIFFSOUP_COORDINATOR"): "runtime settings (item 5)",
+    ("diffsoup.distributed._runtime", "DIFFSOUP_LAUNCH_COORDINATOR"): "runtime settings (item 5)",
+}
+KNOWN_PRIVATE_JAX: dict[str, str] = {
+    "diffsoup.distributed._campaign": "the key-value store wrapped once in _kv (item 3)",
+    "diffsoup.distributed._run": "the key-value store wrapped once in _kv (item 3)",
+    "diffsoup.distributed._runtime": "the key-value store wrapped once in _kv (item 3)",
+}
+
+KNOWN_HAND_WRITTEN_GETATTR: dict[str, str] = {
+    "diffsoup.distributed": "DistributedStudy: lazy_attributes(__name__, {'DistributedStudy': "
+    "'diffsoup.distributed._run'}) (item 4)",
+}
+
+DASK = ("dask", "distributed", "dask_jobqueue")
+# Modules allowed to import a module whose name they compute (user code named in a study file).
+DYNAMIC_IMPORTS = {"diffsoup._lazy", "diffsoup.formats._study_file"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the source
+# ------------------------------------------------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+SOURCES: dict[str, Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+PACKAGES = {name for name, path in SOURCES.items() if path.name == "__init__.py"}
+
+
+def _layer(module: str) -> int | None:
+    if module in LAYERS:
+        return LAYERS[module]
+    parts = module.split(".")
+    for end in range(len(parts) - 1, 1, -1):  # never falls back to the root's entry
+        prefix = ".".join(parts[:end])
+        if prefix in LAYERS:
+            return LAYERS[prefix]
+    return None
+
+
+def _package_of(module: str) -> str:
+    return module if module in PACKAGES else module.rpartition(".")[0]
+
+
+def _resolve_from(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = _package_of(module).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _ours(target: str) -> str:
+    """The module of the package an import of ``target`` runs (a submodule, else the package)."""
+    while target and target not in SOURCES:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def _constant_strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _constant_strings(e)]
+    return []
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return ""
+
+
+class Source:
+    """What one module imports (ours and third-party), declares lazily and reads from the environment."""
+
+    def __init__(self, module: str, text: str | None = None):
+        self.module = module
+        self.tree = ast.parse(SOURCES[module].read_text(encoding="utf-8") if text is None else text)
+        self.imports: set[str] = set()  # modules of diffsoup
+        self.external: set[str] = set()  # dotted names of other packages
+        self.lazy: set[tuple[str, str]] = set()  # (attribute, source module)
+        self.dynamic: list[int] = []  # lines of import_module calls with a computed name
+        self.environment: set[str] = set()  # DIFFSOUP_* names read
+        self.module_getattr = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in self.tree.body)
+        assignments = {t.id: node.value for node in self.tree.body if isinstance(node, ast.Assign)
+                       for t in node.targets if isinstance(t, ast.Name)}  # fmt: skip
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    self._target(alias.name, [])
+            elif isinstance(node, ast.ImportFrom):
+                self._target(_resolve_from(module, node), [a.name for a in node.names])
+            elif isinstance(node, ast.Call):
+                self._call(node, assignments)
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+                self._read(node.slice, assignments)
+            elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+                self._read(node.left, assignments)
+
+    def _target(self, target: str, names: list[str]) -> None:
+        if target == "diffsoup" or target.startswith("diffsoup."):
+            found = {_ours(f"{target}.{n}") for n in names} or {_ours(target)}
+            self.imports.update(f for f in found if f)
+        else:
+            self.external.add(target)
+
+    def _call(self, node: ast.Call, assignments: dict) -> None:
+        name = _call_name(node)
+        if name == "import_module":
+            args = _constant_strings(node.args[0]) if node.args else []
+            if not args:
+                self.dynamic.append(node.lineno)
+            elif args[0].startswith("."):  # relative to this module's package (or __name__'s)
+                level = len(args[0]) - len(args[0].lstrip("."))
+                self._target(_resolve_from(self.module, ast.ImportFrom(module=args[0][level:] or None, names=[],
+                                                                       level=level)), [])  # fmt: skip
+            else:
+                self._target(args[0], [])
+        elif name == "lazy_attributes":
+            mapping = node.args[1] if len(node.args) > 1 else None
+            if isinstance(mapping, ast.Name):
+                mapping = assignments.get(mapping.id)
+            if mapping is not None:
+                assert isinstance(mapping, ast.Dict), f"{self.module}: lazy_attributes needs a dict literal"
+                for key, value in zip(mapping.keys, mapping.values):
+                    self.lazy.add((_constant_strings(key)[0], _constant_strings(value)[0]))
+            for kw in node.keywords:
+                if kw.arg == "submodules":
+                    self.lazy.update((s, f"{self.module}.{s}") for s in _constant_strings(kw.value))
+        elif name == "LazyReference":
+            args = [s for a in node.args for s in _constant_strings(a)]
+            assert len(args) == 2, f"{self.module}:{node.lineno}: LazyReference takes two constant strings"
+            self.lazy.add((args[1], args[0]))
+        elif name in ("get", "getenv") and node.args and (
+            _is_environ(node.func.value) if name == "get" and isinstance(node.func, ast.Attribute) else name == "getenv"
+        ):
+            self._read(node.args[0], assignments)
+
+    def _read(self, key: ast.AST, assignments: dict) -> None:
+        if isinstance(key, ast.Name):  # a module-level constant naming the variable
+            key = assignments.get(key.id, key)
+        self.environment.update(s for s in _constant_strings(key) if s.startswith("DIFFSOUP_"))
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, Source]:
+    return {m: Source(m) for m in SOURCES}
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[frozenset]:
+    """Tarjan's algorithm (iterative): the components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[frozenset] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(frozenset(component))
+    return out
+
+
+def _cycles(sources) -> list[frozenset]:
+    return _strongly_connected({m: {t for t in s.imports if t != m} for m, s in sources.items()})
+
+
+def _upward(sources) -> set[tuple[str, str]]:
+    return {(m, t) for m, s in sources.items() for t in s.imports if _layer(t) > _layer(m)}
+
+
+def _environment_reads(sources) -> set[tuple[str, str]]:
+    return {(m, v) for m, s in sources.items() if m != "diffsoup._settings" for v in s.environment}
+
+
+# ------------------------------------------------------------------------------------------------
+# The checker itself
+# ------------------------------------------------------------------------------------------------
+
+
+FAKE = """
+import os
+import jax._src.distributed
+from . import _study
+from .._lazy import LazyReference, lazy_attributes
+
+LATER = LazyReference("diffsoup.workflows", "fit_study")
+NAME = "DIFFSOUP_SECRET"
+__getattr__, __dir__ = lazy_attributes(__name__, {"x": "diffsoup.store"}, submodules=("sub",))
+
+
+def __getattr__(name):
+    pass
+
+
+def f():
+    import importlib
+
+    from ..store._windows import WindowStore
+    from diffsoup import formats
+    importlib.import_module("..distributed", __name__)
+    importlib.import_module(name)
+    return os.environ.get(NAME), os.environ["DIFFSOUP_OTHER"], "DIFFSOUP_THIRD" in os.environ
+"""
+
+
+def test_the_checker_finds_cycles_and_reads_every_kind_of_import():
+    assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [
+        frozenset("abc")
+    ]
+    assert _strongly_connected({"a": {"b"}, "b": set()}) == []
+    fake = Source("diffsoup.inference._fake", FAKE)
+    assert fake.imports == {"diffsoup.inference._study", "diffsoup._lazy", "diffsoup.store._windows",
+                            "diffsoup.formats", "diffsoup.distributed"}  # fmt: skip
+    assert {"os", "jax._src.distributed", "importlib"} <= fake.external
+    assert fake.lazy == {("fit_study", "diffsoup.workflows"), ("x", "diffsoup.store"),
+                         ("sub", "diffsoup.inference._fake.sub")}  # fmt: skip
+    assert fake.dynamic == [FAKE.splitlines().index("    importlib.import_module(name)") + 1]
+    assert fake.module_getattr
+    assert fake.environment == {"DIFFSOUP_SECRET", "DIFFSOUP_OTHER", "DIFFSOUP_THIRD"}
+    assert _upward({"diffsoup.inference._fake": fake}) == {
+        ("diffsoup.inference._fake", m) for m in ("diffsoup.store._windows", "diffsoup.formats", "diffsoup.distributed")
+    }
+    lazy = Source("diffsoup._lazy")
+    assert lazy.imports == set() and "importlib" in lazy.external
+    # A relative import inside a function of a subpackage, resolved to the submodule it names.
+    problem = Source("diffsoup.inference._problem")
+    assert "diffsoup.integrate" in problem.imports and "diffsoup.inference._study" in problem.imports
+    root = Source("diffsoup")
+    assert ("inference", "diffsoup.inference") in root.lazy and "diffsoup.model" in root.imports
+    assert _layer("diffsoup.inference._problem") == 5 and _layer("diffsoup") == 9
+    assert _layer("diffsoup.nowhere") is None
+
+
+# ------------------------------------------------------------------------------------------------
+# The rules
+# ------------------------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in SOURCES if _layer(m) is None] == []
+
+
+def test_no_import_cycles_between_modules(sources):
+    cycles = [sorted(c) for c in _cycles(sources) if c not in KNOWN_CYCLES]
+    assert cycles == [], f"import cycles (each a strongly connected component): {cycles}"
+
+
+@pytest.mark.parametrize("cycle", sorted(KNOWN_CYCLES, key=sorted), ids=lambda c: "+".join(sorted(c)))
+@pytest.mark.xfail(strict=True, reason="a known cycle owned by another change: delete it from KNOWN_CYCLES once gone")
+def test_known_cycle_is_gone(sources, cycle):
+    assert cycle not in _cycles(sources)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one(sources):
+    bad = sorted(f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})" for m, t in _upward(sources))
+    assert bad == []
+
+
+def test_upward_references_are_only_the_declared_lazy_ones(sources):
+    upward = {(m, name, src) for m, s in sources.items() for name, src in s.lazy if _layer(src) > _layer(m)}
+    assert upward == set(ALLOWED_UPWARD)
+    for m, s in sources.items():  # every lazy source exists
+        for name, src in s.lazy:
+            assert src in SOURCES, f"{m} declares {name!r} from {src!r}, which is not a module of diffsoup"
+
+
+def test_only_the_lazy_mechanism_imports_computed_names(sources):
+    dynamic = {m: s.dynamic for m, s in sources.items() if s.dynamic and m not in DYNAMIC_IMPORTS}
+    assert dynamic == {}
+
+
+def test_packages_defer_imports_through_the_one_lazy_mechanism(sources):
+    hand_written = sorted(m for m, s in sources.items() if s.module_getattr and m not in KNOWN_HAND_WRITTEN_GETATTR)
+    assert hand_written == [], "define __getattr__ with diffsoup._lazy.lazy_attributes"
+
+
+@pytest.mark.parametrize("module", sorted(KNOWN_HAND_WRITTEN_GETATTR))
+@pytest.mark.xfail(strict=True, reason="a known hand-written __getattr__ owned by another change: delete it once gone")
+def test_known_hand_written_getattr_is_gone(sources, module):
+    assert not sources[module].module_getattr
+
+
+def test_dask_only_in_the_execution_layer_and_zarr_only_in_the_stores(sources):
+    dask = sorted((m, x) for m, s in sources.items() for x in s.external
+                  if x.split(".")[0] in DASK and not m.startswith("diffsoup.distributed"))  # fmt: skip
+    zarr = sorted((m, x) for m, s in sources.items() for x in s.external
+                  if x.split(".")[0] == "zarr" and not m.startswith("diffsoup.store"))  # fmt: skip
+    assert dask == [] and zarr == []
+
+
+def _private_jax(sources) -> set[str]:
+    return {m for m, s in sources.items() if any(x == "jax._src" or x.startswith("jax._src.") for x in s.external)}
+
+
+def test_only_the_key_value_module_imports_jax_private_code(sources):
+    assert sorted(_private_jax(sources) - set(KNOWN_PRIVATE_JAX)) == ["diffsoup.distributed._kv"]
+
+
+@pytest.mark.parametrize("module", sorted(KNOWN_PRIVATE_JAX))
+@pytest.mark.xfail(strict=True, reason="a known jax._src import owned by another change: delete it once gone")
+def test_known_private_jax_import_is_gone(sources, module):
+    assert module not in _private_jax(sources)
+
+
+def test_diffsoup_environment_variables_are_read_only_by_settings(sources):
+    assert sorted(_environment_reads(sources) - set(KNOWN_ENVIRONMENT_READS)) == []
+
+
+@pytest.mark.parametrize("read", sorted(KNOWN_ENVIRONMENT_READS), ids=":".join)
+@pytest.mark.xfail(strict=True, reason="a known environment read owned by another change: delete it once gone")
+def test_known_environment_read_is_gone(sources, read):
+    assert read not in _environment_reads(sources)
+
+
+# ------------------------------------------------------------------------------------------------
+# At run time
+# ------------------------------------------------------------------------------------------------
+
+
+def _modules_after(code: str) -> list[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split()
+
+
+def test_import_diffsoup_loads_no_dask_zarr_store_formats_or_execution_code():
+    loaded = _modules_after(
+        """
+        import sys
+        import diffsoup, diffsoup.inference
+        print(" ".join(sorted(sys.modules)))
+        """
+    )
+    heavy = [m for m in loaded if m.split(".")[0] in (*DASK, "zarr", "matplotlib")
+             or m.startswith(("diffsoup.distributed", "diffsoup.store", "diffsoup.formats", "diffsoup.workflows",
+                              "diffsoup.plots", "diffsoup.cli", "diffsoup._demo"))]  # fmt: skip
+    assert heavy == []
+    assert "diffsoup.inference._problem" in loaded  # the check sees the numerical layer load
+
+
+def test_lazy_names_resolve_to_their_defining_modules():
+    loaded = _modules_after(
+        """
+        import sys
+        import diffsoup as ds
+        from diffsoup.inference import load_study, StudyFileError
+        import diffsoup.formats
+        assert ds.inference.load_study is ds.formats.load_study is load_study
+        assert ds.inference.StudyFile is ds.formats.StudyFile
+        assert issubclass(StudyFileError, ValueError)
+        assert "diffsoup.distributed" not in sys.modules and "zarr" not in sys.modules
+        assert ds.inference.checkpointed_map is ds.distributed.checkpointed_map
+        assert ds.inference.world is ds.distributed.world
+        assert "inference" in dir(ds) and "load_study" in dir(ds.inference)
+        print(" ".join(sorted(sys.modules)))
+        """
+    )
+    assert "diffsoup.formats._study_file" in loaded and "diffsoup.distributed" in loaded
