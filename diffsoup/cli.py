@@ -13,6 +13,8 @@ Run ``diffsoup <command> --help`` for a command's options.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -55,8 +57,14 @@ def _cluster(args):
 
     if args.in_process:
         return contextlib.nullcontext((None, None))
-    from .distributed import cluster_client
+    from .distributed import cluster_client, read_profile
 
+    if args.slurm is not None:
+        shared = read_profile(args.slurm).shared_dir
+        if shared is not None:
+            # This command is the driver: it shares the workers' window-start store (the workers get
+            # the same directory through their job script).
+            os.environ.setdefault("DIFFSOUP_CACHE_DIR", str(Path(shared).resolve()))
     return cluster_client(scheduler=args.scheduler, slurm=args.slurm, n_workers=args.workers)
 
 
@@ -143,7 +151,9 @@ def _campaign(args) -> int:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
                                  max_nfev=args.max_nfev, resume=not args.restart,
-                                 on_conflict="restart" if args.restart else "error", plots=not args.no_plots)  # fmt: skip
+                                 on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
+                                 # SLURM workers wait in the batch queue; elsewhere a missing worker is an error
+                                 no_worker_timeout=math.inf if args.slurm is not None else None)  # fmt: skip
     c = summary["campaign"]
     print(f"\ncampaign: {c['accepted']} of {c['tasks']} starts accepted ({c['resumed']} from an earlier run), "
           f"{c['failed']} failed; ledger {c['ledger']}")  # fmt: skip

@@ -40,9 +40,7 @@ def run(study, **options):
     return _run(study, **options)
 
 
-def __getattr__(name):
-    if name in ("DistributedStudy",):
-        from . import _run
+from .._lazy import lazy_attributes  # noqa: E402
 
-        return getattr(_run, name)
-    raise AttributeError(f"module 'diffsoup.distributed' has no attribute {name!r}")
+# name -> module that defines it, loaded on first attribute access (keeps Dask out of the import).
+__getattr__, __dir__ = lazy_attributes(__name__, {"DistributedStudy": "diffsoup.distributed._run"})

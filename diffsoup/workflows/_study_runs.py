@@ -223,8 +223,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         starts, seed, method, max_nfev: override the file's ``[fit]`` settings; the start points
             are Latin hypercube samples fixed by ``seed``.
         resume, on_conflict: as for ``checkpointed_map``.
-        no_worker_timeout: seconds a start may wait for a worker (None: for ever, as when workers
-            come from a batch queue).
+        no_worker_timeout: seconds a start may wait for a worker offering its resources; None
+            reads the setting ``diffsoup.campaign.no-worker-timeout`` (60 s); ``math.inf`` waits
+            for ever (as when workers come from a batch queue).
 
     Returns:
         The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
