@@ -687,6 +687,7 @@ def test_benchmark_model_matches_libsbml_evaluation_and_petab_listing(name):
 
     path = DATA / name / f"model_{name}.xml"
     model = load_sbml(path)
+    assert model.id == name and model.spec.name == name  # the model's id before the file's stem
     listing = SbmlModel.from_file(path)
     species = [s.getId() for s in listing.sbml_model.getListOfSpecies()]
     assert list(model.state_ids) == species  # none of the five has rules on species or parameters

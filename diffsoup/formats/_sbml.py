@@ -179,10 +179,8 @@ class SBMLModel:
     def expressions(self) -> "SBMLExpressions":
         """The model as sympy expressions (rebuilt from the SBML on first use after a cache hit)."""
         if self._expressions is None:
-            import libsbml
-
-            doc = libsbml.readSBMLFromString(self._sbml_text)
-            self._expressions = _import_document(doc, self.name).expressions
+            doc = _libsbml().readSBMLFromString(self._sbml_text)
+            self._expressions = _import_document(doc, self.name, None).expressions
         return self._expressions
 
     def parameter_vector(self, values: Mapping[str, float] | None = None):
@@ -301,7 +299,7 @@ def load_sbml(source: Any, *, cache: bool = True, cache_dir: str | os.PathLike |
             return SBMLModel(meta, generated, text, from_cache=True)
     if doc is None:
         doc = _libsbml().readSBMLFromString(text)
-    imported = _import_document(doc, name or stem)
+    imported = _import_document(doc, name, stem)
     meta, generated = _generate(imported, sha)
     if cache:
         _write_cache(path, key, meta, generated)
@@ -405,7 +403,7 @@ class _Imported:
     expressions: SBMLExpressions
 
 
-def _import_document(doc, fallback_name: str | None) -> _Imported:
+def _import_document(doc, name: str | None, stem: str | None) -> _Imported:
     import sympy
 
     from ._sbml_math import TIME, MathConverter
@@ -715,7 +713,7 @@ def _import_document(doc, fallback_name: str | None) -> _Imported:
                         discontinuities.append(root)
 
     model_id = m.getId() if m.isSetId() else ""
-    name = fallback_name or model_id or (m.getName() if m.isSetName() else "") or "sbml"
+    name = name or model_id or stem or (m.getName() if m.isSetName() else "") or "sbml"
     species_info = []
     for sid, s in species.items():
         source = ("assignment_rule" if sid in assignment_rules else "initial_assignment" if sid in initial_assignments
