@@ -67,29 +67,18 @@ ALLOWED_UPWARD: dict[tuple[str, str, str], str] = {
 # Violations in modules other changes of issue 17 are fixing (strict xfails below say when they
 # are gone: then delete the entry).
 KNOWN_CYCLES: dict[frozenset, str] = {
-    frozenset({"diffsoup.distributed._campaign", "diffsoup.distributed._clusters", "diffsoup.distributed._run"}):
-        "execution backends (issue 17 item 3)",
     frozenset({"diffsoup.integrate._simulate", "diffsoup.integrate._adjoint"}): "integrator interfaces (item 1)",
 }
 KNOWN_ENVIRONMENT_READS: dict[tuple[str, str], str] = {
     ("diffsoup.linear._cudss", "DIFFSOUP_CUDSS_CHECK_INFO"): "cuDSS settings (item 5)",
     ("diffsoup.linear._cudss_build", "DIFFSOUP_CACHE_DIR"): "cuDSS build cache (item 5)",
     ("diffsoup.linear._cudss_build", "DIFFSOUP_CUDSS_NVCC_FLAGS"): "cuDSS build flags (item 5)",
-    ("diffsoup.distributed._worker", "DIFFSOUP_JAX_CACHE_DIR"): "worker settings (item 5)",
-    ("diffsoup.distributed._worker", "DIFFSOUP_CACHE_DIR"): "worker settings (item 5)",
-    ("diffsoup.distributed._worker", "DIFFSOUP_GPUS_PER_WORKER"): "worker settings (item 5)",
-    ("diffsoup.distributed._runtime", "DIFFSOUP_COORDINATOR"): "runtime settings (item 5)",
-    ("diffsoup.distributed._runtime", "DIFFSOUP_LAUNCH_COORDINATOR"): "runtime settings (item 5)",
 }
 KNOWN_PRIVATE_JAX: dict[str, str] = {
-    "diffsoup.distributed._campaign": "the key-value store wrapped once in _kv (item 3)",
     "diffsoup.distributed._run": "the key-value store wrapped once in _kv (item 3)",
-    "diffsoup.distributed._runtime": "the key-value store wrapped once in _kv (item 3)",
 }
 
 KNOWN_HAND_WRITTEN_GETATTR: dict[str, str] = {
-    "diffsoup.distributed": "DistributedStudy: lazy_attributes(__name__, {'DistributedStudy': "
-    "'diffsoup.distributed._run'}) (item 4)",
 }
 
 DASK = ("dask", "distributed", "dask_jobqueue")
