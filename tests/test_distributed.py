@@ -1,8 +1,10 @@
 """ds.distributed: the runtime API in one process, ``run`` over a Dask LocalCluster of 3 CPU workers
-carrying the GPU resource (the same fit as in-process to 1e-10; a worker killed mid-fit changes
-nothing; the scheduler's diffsoup route answers with per-experiment states), a worker asked to use
-CUDA on a machine without a GPU fails at start, and checkpointed_map(execution="processes") in
-one process. The multi-process behaviour is in test_launch.py."""
+carrying the GPU resource (the same fit as in-process to 1e-10; every evaluation mode equal to the
+local study's; a worker killed mid-fit changes nothing; the scheduler's diffsoup route answers with
+per-experiment states), run's execution options apart from its lowering options (an unknown keyword
+named, the diffsoup Dask config read for options left None and obeyed), a worker asked to use CUDA
+on a machine without a GPU fails at start, and checkpointed_map(execution="processes") in one
+process. The multi-process behaviour is in test_launch.py."""
 
 import json
 import os
@@ -17,8 +19,9 @@ import pytest
 
 import diffsoup as ds
 from diffsoup import distributed as dd
-from diffsoup.distributed import _runtime
+from diffsoup.distributed import _run, _runtime
 from diffsoup.inference import fit
+from diffsoup.inference._abstract_lowered import AbstractLoweredStudy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_study import tiny_study  # noqa: E402
@@ -149,17 +152,15 @@ def study_and_reference():
 def test_fit_through_run_on_3_workers_equals_in_process_fit(cluster, study_and_reference):
     study, ref = study_and_reference
     with dd.run(study, cluster=cluster, name="fit") as low:
-        assert isinstance(low, ds.inference.LoweredStudy)
+        assert isinstance(low, AbstractLoweredStudy) and isinstance(low.base, ds.inference.LoweredStudy)
         assert sorted(len(s) for s in low.shards) == [2, 2, 2]  # balance_owners over 3 worker lanes
         res = fit(low, starts=0, x0=START)
-        workers = {s["worker"] for s in low._dask_backend.exp_state.values()}
+        workers = {s["worker"] for s in low.backend.exp_state.values()}
         assert len(workers) == 3  # one shard per worker
     assert np.max(np.abs(res.theta - ref.theta)) < 1e-10
     assert abs(res.objective - ref.objective) < 1e-10
     assert res.n_evaluations == ref.n_evaluations
     # the shards were released on leaving the block
-    from diffsoup.distributed import _run
-
     assert sum(cluster.run(lambda: len(_run._SHARDS)).values()) == 0
 
 
@@ -167,7 +168,7 @@ def test_fit_through_run_on_3_workers_equals_in_process_fit(cluster, study_and_r
 def test_worker_killed_mid_fit_gives_the_same_fit(cluster, study_and_reference):
     study, ref = study_and_reference
     with dd.run(study, cluster=cluster, name="fault") as low:
-        backend = low._dask_backend
+        backend = low.backend
         pids = cluster.run(os.getpid)
         calls = [0]
         killed = []
@@ -180,7 +181,7 @@ def test_worker_killed_mid_fit_gives_the_same_fit(cluster, study_and_reference):
                 timer.start()
             return type(backend).__call__(backend, mode, theta)
 
-        low._backend = evaluate
+        low.backend = evaluate
         res = fit(low, starts=0, x0=START)
         assert killed and backend.rebuilds >= 1
         assert killed[0] not in backend.pin.values()
@@ -205,3 +206,84 @@ def test_dashboard_route_answers_during_a_run(cluster):
         assert all(e["state"] == "ok" and e["status"] == "SUCCESS" and e["steps"] > 0 for e in after["experiments"].values())
     closed = json.loads(urllib.request.urlopen(f"{url}/diffsoup/studies.json", timeout=10).read())
     assert closed["studies"][low.fingerprint]["state"] == "closed"
+
+
+# -- execution options apart from lowering options ------------------------------------------------
+
+
+def test_run_options_are_checked_and_kept_apart_from_lowering_options():
+    study = tiny_study(2)
+    with pytest.raises(TypeError, match=r"unknown keyword 'retry'\. Execution options: cluster, .*retries.*"
+                                        r"lowering options \(passed to ds.lower\): objective, .*chunk_size"):  # fmt: skip
+        with dd.run(study, retry=3):
+            pass
+    with pytest.raises(TypeError, match="execution= must be a ds.distributed.RunOptions"):
+        with dd.run(study, execution={"retries": 1}):
+            pass
+    with pytest.raises(ValueError, match=r"\['retries'\] given both as keywords and in execution="):
+        with dd.run(study, retries=1, execution=_run.RunOptions(retries=2)):
+            pass
+    with pytest.raises(ValueError, match="RunOptions.name='my-fit' must be letters and underscores"):
+        with dd.run(study, name="my-fit"):
+            pass
+    for field, bad in (("retries", -1), ("worker_timeout", 0), ("n_workers", 1.5), ("resources", {"GPU": -1})):
+        with pytest.raises(ValueError, match=f"RunOptions.{field}="):
+            _run.RunOptions(**{field: bad})
+    execution, lowering = _run.split_options({"retries": 4, "objective": "chi2", "chunk_size": 2})
+    assert execution == _run.RunOptions(retries=4) and lowering == {"objective": "chi2", "chunk_size": 2}
+    assert execution.given() == ("retries",)
+
+
+def test_execution_options_left_none_read_the_dask_config():
+    import dask.config
+
+    shipped = _run.RunOptions().resolved()
+    assert shipped == _run.RunOptions(resources={"GPU": 1}, name="study", n_workers=2, retries=2, worker_timeout=60.0)
+    with dask.config.set({"diffsoup.run.retries": 7, "diffsoup.run.worker-timeout": 1.5,
+                          "diffsoup.run.resources": {"TPU": 2}}):  # fmt: skip
+        got = _run.RunOptions(retries=1).resolved()
+    assert got.retries == 1 and got.worker_timeout == 1.5 and got.resources == {"TPU": 2}  # a keyword wins
+    with dask.config.set({"diffsoup.run.retries": -2}):
+        with pytest.raises(ValueError, match="RunOptions.retries=-2"):
+            _run.RunOptions().resolved()
+
+
+def test_run_obeys_the_dask_config(cluster):
+    import time
+
+    import dask.config
+
+    study = tiny_study(3)
+    with dask.config.set({"diffsoup.run.retries": 5}):
+        with dd.run(study, cluster=cluster, name="config") as low:
+            assert low.backend.retries == 5
+    # no worker offers the resources: the run gives up after the configured timeout
+    t0 = time.monotonic()
+    with dask.config.set({"diffsoup.run.worker-timeout": 0.5, "diffsoup.run.resources": {"TPU": 1}}):
+        with pytest.raises(RuntimeError, match=r"no worker offers resources \{'TPU': 1\} after 0.5 s"):
+            with dd.run(study, cluster=cluster):
+                pass
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.slow
+def test_every_mode_through_run_equals_the_local_study(cluster):
+    study = tiny_study(6)
+    local = ds.lower(study, hessian="fd")
+    with dd.run(study, cluster=cluster, name="modes", hessian="fd") as low:
+        assert _rel(low.value(START), local.value(START)) < 1e-12
+        (v, g), (v0, g0) = low.value_and_grad(START), local.value_and_grad(START)
+        assert _rel(v, v0) < 1e-12 and _rel(g, g0) < 1e-12
+        assert _rel(low.residuals(START), local.residuals(START)) < 1e-12
+        (r, J), (r0, J0) = low.residuals_and_jacobian(START), local.residuals_and_jacobian(START)
+        assert _rel(r, r0) < 1e-12 and _rel(J, J0) < 1e-12
+        for x, y in zip(low.gauss_newton(START), local.gauss_newton(START)):
+            assert _rel(x, y) < 1e-12
+        assert _rel(low.hessian(START), local.hessian(START)) < 1e-10
+        assert np.array_equal(low.steps, local.steps) and low.last_failures == {}
+        assert len(low.backend.last_seconds) == len(low.shards) == 3
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ._lower import LoweredStudy, lower
+from ._abstract_lowered import AbstractLoweredStudy
+from ._lower import lower
 from ._problem import InferenceProblem
 from ._study import Study
 
@@ -97,7 +98,7 @@ class FitResult:
         return self.starts[self.best].message
 
     @classmethod
-    def from_starts(cls, lowered: LoweredStudy, starts, *, method: str, seconds: float) -> "FitResult":
+    def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float) -> "FitResult":
         """The result of finished starts (e.g. those of a campaign): the best one, with standard
         errors from the Gauss-Newton Hessian of ``lowered`` at its point.
 
@@ -140,7 +141,7 @@ def latin_hypercube(lower, upper, n: int, seed: int) -> np.ndarray:
     return lower + sample * (upper - lower)
 
 
-def start_points(lowered: LoweredStudy, n: int, seed: int) -> np.ndarray:
+def start_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray:
     """``n`` start points ``(n, n_theta)`` (scaled) of a multistart: Latin hypercube samples of the
     coordinates with finite bounds, the prepared values (``lowered.nominal``) for the others
     (window starts)."""
@@ -153,7 +154,7 @@ def start_points(lowered: LoweredStudy, n: int, seed: int) -> np.ndarray:
 
 
 def fit(
-    target: LoweredStudy | InferenceProblem | Study,
+    target: AbstractLoweredStudy | InferenceProblem | Study,
     *,
     method: str = "trf",
     starts: int | Any = 4,
@@ -169,7 +170,8 @@ def fit(
     """Fit the estimated parameters of a study: multistart, scipy's TRF or L-BFGS-B.
 
     Args:
-        target: a lowered study, or an inference problem / study (lowered with defaults).
+        target: a lowered study (``ds.lower``'s, or the one ``ds.distributed.run`` yields: any
+            ``AbstractLoweredStudy``), or an inference problem / study (lowered with defaults).
         method: ``"trf"`` (least squares on residuals and forward-sensitivity Jacobians, bounded)
             or ``"lbfgsb"`` (value and adjoint gradient, bounded).
         starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
@@ -195,7 +197,7 @@ def fit(
 
     if method not in METHODS:
         raise ValueError(f"fit: method={method!r} must be one of {METHODS}.")
-    low = target if isinstance(target, LoweredStudy) else lower(target)
+    low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
     prob = low.problem
     k = prob.n_theta
     lo, hi = np.asarray(low.lower, float), np.asarray(low.upper, float)

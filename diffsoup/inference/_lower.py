@@ -24,6 +24,15 @@ out. ``hessian="auto"`` tries the exact Hessian, then differences of gradients, 
 compiled program of the chosen size is the one evaluations run. Chunk results are summed (or
 concatenated) on the device and brought to the host with one transfer per evaluation.
 
+Every evaluation first forms a typed *part* (``diffsoup.inference._parts``: sums before the
+objective's scale and offset, residual rows by experiment), which the public methods of
+:class:`~diffsoup.inference._abstract_lowered.AbstractLoweredStudy` finish. ``restrict(experiments)``
+gives a lowered study of the same problem that evaluates a subset of the experiments; the parts of
+the studies of a split combine (``combine_parts``) into the part of the whole, which is how
+``ds.distributed.run`` spreads a study over Dask workers or processes. ``gauss_newton`` forms
+``J^T J`` and ``J^T r`` on the device chunk by chunk (:func:`gauss_newton_sums`), for a whole study and
+for each shard alike.
+
 With ``layout=ds.Layout(mesh=ds.global_mesh(("data",)))`` each chunk is split over the data axis
 (``shard_map``: every device runs its own lanes' solves, the sums are ``psum``-ed). Each device owns a
 fixed block of experiments, the same for every mode and chunk size; with ``balance_steps=True`` the
@@ -44,9 +53,21 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ._abstract_lowered import AbstractLoweredStudy, experiment_indices
+from ._parts import (
+    EVALUATION_MODES,
+    AbstractPart,
+    GaussNewtonPart,
+    GradientPart,
+    HessianPart,
+    JacobianPart,
+    ResidualsPart,
+    ValuePart,
+)
 from ._problem import InferenceProblem, SolverOptions
 from ._study import Study
 
+# The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
 HESSIANS = ("auto", "exact", "fd")
 DEFAULT_CHUNK = 256
@@ -98,21 +119,24 @@ class Program:
     scratch: int
 
 
-class LoweredStudy:
-    """An inference problem compiled chunk by chunk; make it with :func:`lower`.
+class LoweredStudy(AbstractLoweredStudy):
+    """An inference problem compiled chunk by chunk on this process's devices; make it with
+    :func:`lower` (or :meth:`restrict` one to a subset of its experiments).
 
-    ``theta`` is the vector of estimated parameters on their scales, in ``theta_names`` order.
-    Every evaluation returns numpy values; an experiment whose solve failed makes the value (and
-    its residuals) NaN and is listed in ``last_failures``.
+    Args:
+        problem: the :class:`InferenceProblem`.
+        layout, hessian, chunk_size, block_limit_bytes, fd_step: as for :func:`lower`.
+        experiments: study indices or ids of the experiments to evaluate (None: all).
+        share_programs_with: a lowered study of the same problem and layout whose compiled programs
+            this one reuses and adds to (what :meth:`restrict` passes).
+
+    Besides :class:`AbstractLoweredStudy`'s attributes:
 
     Attributes:
-        problem: the :class:`InferenceProblem`.
-        theta_names, lower, upper, nominal: of the problem.
-        scale, offset: ``value = scale * ||residuals||^2 + offset``.
+        layout: the ``ds.Layout``; n_devices: devices along its data axis.
+        groups: the problem's groups that hold experiments of this study.
         block_limit_bytes: the scratch limit per program.
         hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
-        last_failures: experiment id -> ``ds.Status`` of the last evaluation's failed solves.
-        steps: accepted steps per experiment (study order) at the last evaluation (-1 before any).
         search_log: ``(mode, group, lanes, kind, scratch_bytes, fits)`` of every program compiled
             while choosing chunk sizes.
     """
@@ -126,6 +150,8 @@ class LoweredStudy:
         chunk_size: int | None = None,
         block_limit_bytes: float | None = None,
         fd_step: float = 1e-3,
+        experiments: Sequence[int | str] | None = None,
+        share_programs_with: "LoweredStudy | None" = None,
     ):
         import jax
 
@@ -142,7 +168,11 @@ class LoweredStudy:
         layout = layout if layout is not None else Layout()
         if not isinstance(layout, Layout):
             raise TypeError(f"lower: layout must be a ds.Layout, not {type(layout).__name__}.")
-        self.problem = problem
+        other = share_programs_with
+        if other is not None and not (isinstance(other, LoweredStudy) and other.problem is problem
+                                      and other.layout == layout):  # fmt: skip
+            raise ValueError("LoweredStudy: share_programs_with must be a LoweredStudy of the same problem and layout.")
+        super().__init__(problem, experiments)
         self.layout = layout
         self.hessian_mode = hessian
         self.hessian_kind: str | None = None if hessian == "auto" else hessian
@@ -154,37 +184,54 @@ class LoweredStudy:
         self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
             default_block_limit(devices[0])
         )
-        self.theta_names = problem.theta_names
-        self.lower, self.upper, self.nominal = problem.lower, problem.upper, problem.nominal
-        self.scale, self.offset = problem.scale, problem.offset
-        self.groups = problem.groups
-        n_exp = len(problem.study.experiments)
-        self.steps = np.full(n_exp, -1, dtype=np.int64)
-        self.last_failures: dict = {}
+        keep = set(self.experiment_indices)
+        groups, members, group_index = [], [], []
+        for index, g in enumerate(problem.groups):
+            mine = tuple(i for i in g.members if i in keep)
+            if mine:
+                groups.append(g)
+                members.append(mine)
+                group_index.append(index)
+        self.groups = tuple(groups)
+        self._members = members  # this study's experiments of each group (study indices)
+        self._group_index = group_index  # each group's index in problem.groups
         self.search_log: list = []
         self._programs: dict = {}
+        # (program kind, problem group, lanes) -> (compiled, scratch bytes), shared by restrictions.
+        self._compiled: dict = other._compiled if other is not None else {}
         self._chunks: dict = {}
         self._fns: dict = {}
         D = self.n_devices
         self._blocks = []
-        for g in self.groups:
-            members = np.asarray(g.members)
-            B = math.ceil(len(members) / D)
+        for mine in members:
+            B = math.ceil(len(mine) / D)
             blocks = np.full((D, B), -1, dtype=np.int64)
             for d in range(D):
-                part = members[d * B : (d + 1) * B]
-                blocks[d, : part.size] = part
+                part = mine[d * B : (d + 1) * B]
+                blocks[d, : len(part)] = part
             self._blocks.append(blocks)
-        # Residual layout in study order.
-        group_of = {i: gi for gi, g in enumerate(self.groups) for i in g.members}
-        self._group_of = group_of
-        sizes = [self.groups[group_of[i]].n_residuals for i in range(n_exp)]
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        ids = [e.id for e in problem.study.experiments]
-        self.residual_slices = {ids[i]: slice(int(starts[i]), int(starts[i + 1])) for i in range(n_exp)}
-        self.n_residuals = int(starts[-1])
         if layout.balance_steps and D > 1:
             self.balance()
+
+    def restrict(self, experiments: Sequence[int | str]) -> "LoweredStudy":
+        """A lowered study of the same problem (the same theta, bounds and options) that evaluates
+        only ``experiments`` (study indices or experiment ids). Its programs are chosen on first use;
+        a program of the same group and chunk size as one this study (or another restriction of
+        it) compiled is shared, not compiled again.
+        Its parts (:meth:`evaluate`) combine with those of the other experiments' studies into the
+        parts of the whole study.
+
+        Raises:
+            ValueError: for an experiment unknown to the study or not evaluated by this one.
+        """
+        chosen = experiment_indices(self.problem, experiments)
+        outside = sorted(set(chosen) - set(self.experiment_indices))
+        if outside:
+            ids = [self.problem.study.experiments[i].id for i in outside]
+            raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
+        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
+                            block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step, experiments=chosen,
+                            share_programs_with=self)  # fmt: skip
 
     # -- placement ------------------------------------------------------------------------------
     @property
@@ -195,7 +242,7 @@ class LoweredStudy:
 
     def device_loads(self) -> np.ndarray:
         """Accepted steps per device at the last evaluation (the sum over its experiments)."""
-        if np.any(self.steps < 0):
+        if np.any(self.steps[list(self.experiment_indices)] < 0):
             self.value(self.nominal)
         loads = np.zeros(self.n_devices, dtype=np.int64)
         for blocks in self._blocks:
@@ -221,8 +268,8 @@ class LoweredStudy:
         index = {e.id: i for i, e in enumerate(exps)}
         steps = self.steps
         D = self.n_devices
-        for gi, g in enumerate(self.groups):
-            ordered = balance_owners(tuple(exps[i] for i in g.members), D, weight=lambda e: float(steps[index[e.id]]))
+        for gi, mine in enumerate(self._members):
+            ordered = balance_owners(tuple(exps[i] for i in mine), D, weight=lambda e: float(steps[index[e.id]]))
             B = self._blocks[gi].shape[1]
             blocks = np.full((D, B), -1, dtype=np.int64)
             for d in range(D):
@@ -330,14 +377,16 @@ class LoweredStudy:
     def _compile(self, mode: str, kind: str, gi: int, lanes: int) -> Program:
         import jax
 
-        if mode == "hessian" and kind == "fd":
-            cached = self._programs.get(("value_and_grad", gi))
-            if cached is not None and cached.lanes == lanes:
-                return Program("hessian", "fd", lanes, cached.compiled, cached.scratch)
         fn_kind = {"exact": "exact", "fd": "value_and_grad"}.get(kind, mode) if mode == "hessian" else mode
+        # Differenced Hessians run the gradient program, and studies sharing programs (restrict)
+        # run one program for every chunk of the same group, kind and size.
+        shared_key = (fn_kind, self._group_index[gi], lanes)
+        if shared_key in self._compiled:
+            compiled, scratch = self._compiled[shared_key]
+            return Program(mode, kind, lanes, compiled, scratch)
         fn = self._fn(fn_kind, gi)
         group = self.groups[gi]
-        example = self.problem.pack(group, [group.members[0]] * (lanes * self.n_devices))
+        example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
         if self.mesh is not None:
             from jax.sharding import NamedSharding, PartitionSpec
 
@@ -351,6 +400,7 @@ class LoweredStudy:
         compiled = jax.jit(fn).lower(theta_spec, arr_spec).compile()
         stats = compiled.memory_analysis()
         scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+        self._compiled[shared_key] = (compiled, scratch)
         return Program(mode, kind, lanes, compiled, scratch)
 
     def _program(self, mode: str, gi: int) -> Program:
@@ -386,8 +436,9 @@ class LoweredStudy:
     def compile(self, modes: Sequence[str] = ("value", "value_and_grad", "jacobian")) -> "LoweredStudy":
         """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use)."""
         for mode in modes:
-            if mode not in MODES:
-                raise ValueError(f"compile: unknown mode {mode!r}; modes are {MODES}.")
+            if mode not in EVALUATION_MODES:
+                raise ValueError(f"compile: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
+            mode = "jacobian" if mode == "gauss_newton" else mode  # Gauss-Newton runs the Jacobian program
             for gi in range(len(self.groups)):
                 self._program(mode, gi)
         return self
@@ -409,12 +460,6 @@ class LoweredStudy:
         return out
 
     # -- evaluation -----------------------------------------------------------------------------
-    def _theta(self, theta) -> np.ndarray:
-        theta = np.asarray(theta, dtype=np.float64)
-        if theta.shape != (self.problem.n_theta,):
-            raise ValueError(f"theta has shape {theta.shape}; expected ({self.problem.n_theta},) for {list(self.theta_names)}.")
-        return theta
-
     def _dispatch(self, mode: str, theta: np.ndarray, groups: Sequence[int] | None = None):
         """Run every chunk of ``mode`` (of ``groups``, default all); return (per-chunk outputs,
         orders) without transferring anything to the host."""
@@ -426,114 +471,79 @@ class LoweredStudy:
                 orders.append(order)
         return outs, orders
 
-    def _record(self, orders, statuses, steps):
+    def _bookkeeping(self, orders, statuses, steps) -> dict:
+        """``failures`` (id -> Status) and ``steps`` (index -> steps) of the chunks' real lanes; a
+        later chunk of the same experiment (differenced Hessians) overwrites an earlier one."""
         from ..integrate import Status
 
         ids = [e.id for e in self.problem.study.experiments]
-        failures = {}
+        failures: dict = {}
+        counts: dict = {}
         for order, st, ns in zip(orders, statuses, steps):
             st, ns = np.asarray(st), np.asarray(ns)
             real = order >= 0
-            self.steps[order[real]] = ns[real]
-            for i, s in zip(order[real], st[real]):
+            for i, s, n in zip(order[real], st[real], ns[real]):
+                counts[int(i)] = int(n)
                 if int(s) != 0:
                     failures[ids[i]] = Status(int(s))
-        self.last_failures = failures
+        return {"failures": failures, "steps": counts}
 
-    def value(self, theta) -> float:
-        """The objective at ``theta`` (NaN if a solve failed)."""
-        import jax
-
-        theta = self._theta(theta)
-        outs, orders = self._dispatch("value", theta)
-        total = outs[0][0]
-        for o in outs[1:]:
-            total = total + o[0]
-        v, st, ns = jax.device_get((total, [o[1] for o in outs], [o[2] for o in outs]))
-        self._record(orders, st, ns)
-        return float(v)
-
-    def value_and_grad(self, theta) -> tuple[float, np.ndarray]:
-        """The objective and its gradient (checkpointed adjoint) at ``theta``."""
-        import jax
-
-        theta = self._theta(theta)
-        outs, orders = self._dispatch("value_and_grad", theta)
-        v = outs[0][0]
-        g = outs[0][1]
-        for o in outs[1:]:
-            v, g = v + o[0], g + o[1]
-        v, g, st, ns = jax.device_get((v, g, [o[2] for o in outs], [o[3] for o in outs]))
-        self._record(orders, st, ns)
-        return float(v), np.asarray(g)
-
-    def _assemble(self, orders, per_chunk) -> np.ndarray:
-        """Per-chunk lane arrays (lanes, R, ...) -> one array in study order (concatenated over experiments)."""
+    @staticmethod
+    def _rows(orders, per_chunk) -> dict:
+        """Per-chunk lane arrays ``(lanes, R, ...)`` -> experiment index -> its ``(R, ...)``."""
         rows = {}
         for order, arr in zip(orders, per_chunk):
             for lane, i in enumerate(order):
                 if i >= 0:
-                    rows[int(i)] = arr[lane]
-        return np.concatenate([rows[i] for i in range(len(rows))], axis=0)
+                    rows[int(i)] = np.asarray(arr[lane])
+        return rows
 
-    def residuals(self, theta) -> np.ndarray:
-        """Residuals in study order (``residual_slices`` maps each experiment to its part)."""
+    def compute(self, mode: str, theta: np.ndarray) -> AbstractPart:
+        """The part of ``mode`` at ``theta``: every chunk runs on the device, the chunks' sums are
+        formed there, and one transfer brings the part to the host."""
         import jax
 
-        theta = self._theta(theta)
-        outs, orders = self._dispatch("residuals", theta)
-        r, st, ns = jax.device_get(([o[0] for o in outs], [o[1] for o in outs], [o[2] for o in outs]))
-        self._record(orders, st, ns)
-        return self._assemble(orders, r)
+        if mode == "value":
+            outs, orders = self._dispatch("value", theta)
+            v, st, ns = jax.device_get((_device_sum([o[0] for o in outs]), [o[1] for o in outs], [o[2] for o in outs]))
+            return ValuePart(value=float(v), **self._bookkeeping(orders, st, ns))
+        if mode == "value_and_grad":
+            outs, orders = self._dispatch("value_and_grad", theta)
+            v, g = _device_sum([o[0] for o in outs]), _device_sum([o[1] for o in outs])
+            v, g, st, ns = jax.device_get((v, g, [o[2] for o in outs], [o[3] for o in outs]))
+            return GradientPart(value=float(v), grad=np.asarray(g), **self._bookkeeping(orders, st, ns))
+        if mode == "residuals":
+            outs, orders = self._dispatch("residuals", theta)
+            r, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(3)))
+            return ResidualsPart(residuals=self._rows(orders, r), **self._bookkeeping(orders, st, ns))
+        if mode == "jacobian":
+            outs, orders = self._dispatch("jacobian", theta)
+            r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
+            return JacobianPart(residuals=self._rows(orders, r), jacobian=self._rows(orders, J),
+                                **self._bookkeeping(orders, st, ns))  # fmt: skip
+        if mode == "gauss_newton":
+            outs, orders = self._dispatch("jacobian", theta)
+            sums = gauss_newton_sums([(o[0], o[1]) for o in outs], self.problem.n_theta)
+            (ss, jtr, jtj), st, ns = jax.device_get((sums, [o[2] for o in outs], [o[3] for o in outs]))
+            return GaussNewtonPart(sum_sq=float(ss), jtr=np.asarray(jtr), jtj=np.asarray(jtj),
+                                   **self._bookkeeping(orders, st, ns))  # fmt: skip
+        if mode == "hessian":
+            return self._hessian_part(theta)
+        raise ValueError(f"evaluate: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
 
-    def residuals_and_jacobian(self, theta) -> tuple[np.ndarray, np.ndarray]:
-        """Residuals and their Jacobian ``(n_residuals, n_theta)`` by forward sensitivities."""
-        import jax
-
-        theta = self._theta(theta)
-        outs, orders = self._dispatch("jacobian", theta)
-        r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
-        self._record(orders, st, ns)
-        return self._assemble(orders, r), self._assemble(orders, J)
-
-    def gauss_newton(self, theta) -> tuple[float, np.ndarray, np.ndarray]:
-        """Value, gradient and Gauss-Newton Hessian ``2 scale J^T J`` from the residual Jacobian.
-
-        The products are formed on the device chunk by chunk; only ``(n_theta, n_theta)`` comes back.
-        """
-        import jax
-        import jax.numpy as jnp
-
-        theta = self._theta(theta)
-        outs, orders = self._dispatch("jacobian", theta)
-        k = self.problem.n_theta
-        ss, g, H = 0.0, jnp.zeros(k), jnp.zeros((k, k))
-        for r, J, *_ in outs:
-            r2, J2 = r.reshape(-1), J.reshape(-1, k)
-            ss = ss + jnp.dot(r2, r2)
-            g = g + J2.T @ r2
-            H = H + J2.T @ J2
-        c = 2.0 * self.scale
-        ss, g, H, st, ns = jax.device_get((ss, g, H, [o[2] for o in outs], [o[3] for o in outs]))
-        self._record(orders, st, ns)
-        return float(self.scale * ss + self.offset), c * np.asarray(g), c * np.asarray(H)
-
-    def hessian(self, theta) -> np.ndarray:
-        """The Hessian of the objective: exact (forward over reverse) or central differences of
-        gradients (step ``fd_step`` in theta's units), as chosen; symmetrised."""
+    def _hessian_part(self, theta: np.ndarray) -> HessianPart:
+        """Exact (forward over reverse) or central differences of gradients (step ``fd_step`` in
+        theta's units), group by group as each group's program was chosen; not symmetrised."""
         import jax
         import jax.numpy as jnp
 
-        theta = self._theta(theta)
         k, h = self.problem.n_theta, self.fd_step
         H = None
         statuses, steps, all_orders = [], [], []
         for gi in range(len(self.groups)):
             if self._program("hessian", gi).kind == "exact":
                 outs, orders = self._dispatch("hessian", theta, [gi])
-                part = outs[0][0]
-                for o in outs[1:]:
-                    part = part + o[0]
+                part = _device_sum([o[0] for o in outs])
                 statuses += [o[1] for o in outs]
                 steps += [o[2] for o in outs]
                 all_orders += orders
@@ -545,10 +555,7 @@ class LoweredStudy:
                     grads = []
                     for sign in (1.0, -1.0):
                         outs, orders = self._dispatch("hessian", theta + sign * e, [gi])
-                        g = outs[0][1]
-                        for o in outs[1:]:
-                            g = g + o[1]
-                        grads.append(g)
+                        grads.append(_device_sum([o[1] for o in outs]))
                         statuses += [o[2] for o in outs]
                         steps += [o[3] for o in outs]
                         all_orders += orders
@@ -556,15 +563,35 @@ class LoweredStudy:
                 part = jnp.stack(cols, axis=1)
             H = part if H is None else H + part
         H, st, ns = jax.device_get((H, statuses, steps))
-        self._record(all_orders, st, ns)
-        H = np.asarray(H)
-        return 0.5 * (H + H.T)
+        return HessianPart(hessian=np.asarray(H), **self._bookkeeping(all_orders, st, ns))
 
     def __repr__(self) -> str:
-        return (
-            f"LoweredStudy({len(self.problem.study.experiments)} experiments, theta={self.problem.n_theta}, "
-            f"devices={self.n_devices}, chunks={self.chunk_sizes})"
-        )
+        n, total = len(self.experiment_indices), len(self.problem.study.experiments)
+        which = f"{n} experiments" if n == total else f"{n} of {total} experiments"
+        return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}, chunks={self.chunk_sizes})"
+
+
+def _device_sum(values):
+    """The sum of per-chunk device arrays, formed on the device (in chunk order)."""
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total
+
+
+def gauss_newton_sums(chunks, n_theta: int):
+    """``(r^T r, J^T r, J^T J)`` over chunks of residuals ``(lanes, R)`` and their Jacobians
+    ``(lanes, R, n_theta)``, formed on the device chunk by chunk (only ``(n_theta, n_theta)``
+    comes back); padding lanes hold zeros and add nothing."""
+    import jax.numpy as jnp
+
+    ss, jtr, jtj = jnp.zeros(()), jnp.zeros(n_theta), jnp.zeros((n_theta, n_theta))
+    for r, J in chunks:
+        r2, J2 = r.reshape(-1), J.reshape(-1, n_theta)
+        ss = ss + jnp.dot(r2, r2)
+        jtr = jtr + J2.T @ r2
+        jtj = jtj + J2.T @ J2
+    return ss, jtr, jtj
 
 
 def lower(
