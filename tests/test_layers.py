@@ -75,7 +75,6 @@ KNOWN_ENVIRONMENT_READS: dict[tuple[str, str], str] = {
     ("diffsoup.linear._cudss_build", "DIFFSOUP_CUDSS_NVCC_FLAGS"): "cuDSS build flags (item 5)",
 }
 KNOWN_PRIVATE_JAX: dict[str, str] = {
-    "diffsoup.distributed._run": "the key-value store wrapped once in _kv (item 3)",
 }
 
 KNOWN_HAND_WRITTEN_GETATTR: dict[str, str] = {

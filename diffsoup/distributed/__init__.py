@@ -43,4 +43,4 @@ def run(study, **options):
 from .._lazy import lazy_attributes  # noqa: E402
 
 # name -> module that defines it, loaded on first attribute access (keeps Dask out of the import).
-__getattr__, __dir__ = lazy_attributes(__name__, {"DistributedStudy": "diffsoup.distributed._run"})
+__getattr__, __dir__ = lazy_attributes(__name__, {"DistributedStudy": "diffsoup.distributed._run", "RunOptions": "diffsoup.distributed._run"})

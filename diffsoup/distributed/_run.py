@@ -53,6 +53,7 @@ from ..inference._abstract_lowered import AbstractLoweredStudy
 from ..inference._lower import LoweredStudy, lower
 from ..inference._parts import AbstractPart, combine_parts
 from ..inference._study import Study
+from ._dashboard import dashboard_url
 from ._runtime import is_initialized, process_count, process_index
 
 logger = logging.getLogger("diffsoup.distributed")
@@ -483,16 +484,6 @@ def _connect(cluster: Any, resources: Mapping[str, float], n_workers: int | None
         f"ds.distributed.run: cluster= must be None (the active client, else an embedded LocalCluster), a "
         f"distributed.Client, a scheduler address or a Dask cluster object, not {type(cluster).__name__}."
     )
-
-
-def dashboard_url(client: Any) -> str | None:
-    """``http://host:port`` of the scheduler's HTTP server (the Dask dashboard), or None."""
-    info = client.scheduler_info()
-    port = (info.get("services") or {}).get("dashboard")
-    if port is None:
-        return None
-    host = info["address"].split("://", 1)[-1].rsplit(":", 1)[0]
-    return f"http://{host}:{port}"
 
 
 @contextlib.contextmanager

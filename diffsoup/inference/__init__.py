@@ -6,6 +6,7 @@ Some documented names of this package are defined in higher layers and re-export
 ``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
+from ._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from ._balance import balance_owners as balance_owners
 from ._experiment import Experiment as Experiment
 from ._experiment import Gaussian as Gaussian
@@ -17,6 +18,14 @@ from ._lower import LoweredStudy as LoweredStudy
 from ._lower import default_block_limit as default_block_limit
 from ._lower import lower as lower
 from ._multishoot import Multishoot as Multishoot
+from ._parts import AbstractPart as AbstractPart
+from ._parts import GaussNewtonPart as GaussNewtonPart
+from ._parts import GradientPart as GradientPart
+from ._parts import HessianPart as HessianPart
+from ._parts import JacobianPart as JacobianPart
+from ._parts import ResidualsPart as ResidualsPart
+from ._parts import ValuePart as ValuePart
+from ._parts import combine_parts as combine_parts
 from ._problem import InferenceProblem as InferenceProblem
 from ._solver_options import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
