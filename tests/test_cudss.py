@@ -8,6 +8,7 @@ of the Brusselator is in tests/data/brusselator32_klu_reference.npz; regenerate 
 ``python tests/test_cudss.py --regenerate``.
 """
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -54,6 +55,31 @@ def test_construction_is_plain_configuration_and_validates():
         ds.linear.CuDSS(hybrid_memory=False, hybrid_device_memory_limit_mb=100)
     with pytest.raises(ValueError, match="ir_tol"):
         ds.linear.CuDSS(ir_tol=-1.0)
+
+
+def test_configuration_is_a_frozen_dataclass_with_the_documented_parameters():
+    import inspect
+
+    params = inspect.signature(ds.linear.CuDSS).parameters
+    assert list(params) == ["reorder", "hybrid_memory", "hybrid_device_memory_limit_mb", "ir_tol", "ir_max_steps"]
+    assert all(params[k].default is None for k in ("reorder", "hybrid_memory", "hybrid_device_memory_limit_mb"))
+    assert params["ir_tol"].kind is inspect.Parameter.KEYWORD_ONLY  # the refinement fields of every solver
+    assert isinstance(ds.linear.CuDSS(), ds.linear.LinearSolver)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ds.linear.CuDSS().reorder = "metis"
+
+
+def test_process_settings_reach_the_handler_options_and_the_build(monkeypatch, tmp_path):
+    m = _nonsymmetric(10, 7)
+    assert _standin_prepared(m)[0]._opts["fp64"].check  # default: read cuDSS's error indicator
+    monkeypatch.setenv("DIFFSOUP_CUDSS_CHECK_INFO", "0")
+    assert not any(o.check for o in _standin_prepared(m)[0]._opts.values())
+    monkeypatch.setenv("DIFFSOUP_CUDSS_NVCC_FLAGS", "-arch=sm_90 -lineinfo")
+    assert build._arch_flags() == ["-arch=sm_90", "-lineinfo"]
+    monkeypatch.delenv("DIFFSOUP_CUDSS_NVCC_FLAGS")
+    assert build._arch_flags() == list(build.DEFAULT_ARCH_FLAGS)
+    monkeypatch.setenv("DIFFSOUP_CACHE_DIR", str(tmp_path))
+    assert build.cache_root() == tmp_path / "cudss-build"
 
 
 def test_settings_on_the_object_win_over_the_layout():

@@ -86,7 +86,7 @@ def test_fp32_factors_are_float32_accurate(solver):
     if isinstance(solver, ds.linear.Dense):
         ws = prep.begin(values, ("fp32",))
         fac = prep.factor(ws, values, ("fp32",))
-        assert fac["low"][0].dtype == jnp.float32  # a real float32 LU
+        assert fac.factors.low.lu.dtype == jnp.float32  # a real float32 LU
 
 
 @pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
@@ -187,3 +187,36 @@ def test_klu_on_a_gpu_default_device_says_how_to_proceed():
         prep, values, dense = _prepared(ds.linear.KLU(), WELL)
         x, info, _ = _solve(prep, values, jnp.ones(64), "fp64")
     np.testing.assert_allclose(np.asarray(x), np.linalg.solve(dense, np.ones(64)), rtol=1e-12)
+
+
+def test_solver_interfaces_are_abstract_and_the_state_typed():
+    assert ds.linear.LinearSolver is ds.linear.AbstractLinearSolver
+    with pytest.raises(TypeError, match="abstract"):
+        ds.linear.LinearSolver()
+
+    class NoHooks(ds.linear.AbstractPreparedSolver):
+        def _raw_begin(self, values, slot):
+            return None
+
+    with pytest.raises(TypeError, match="_raw_factor"):
+        NoHooks(ds.linear.Dense(), None, None)
+    # One begin / factor / solve in "adaptive" mode: typed workspace and factorization.
+    prep, values, dense = _prepared(ds.linear.KLU(), WELL)
+
+    def run(values):
+        ws = prep.begin(values, ("adaptive",))
+        fac = prep.factor(ws, values, ("adaptive",))
+        x, fac2, _ = prep.solve(fac, jnp.ones(64), "adaptive")
+        return ws, fac, fac2, x, prep.end(ws, x)
+
+    ws, fac, fac2, x, _ = jax.jit(run)(values)
+    assert isinstance(ws, ds.linear.Workspace) and ws.low is not None and ws.fp64 is not None
+    assert isinstance(fac, ds.linear.Factorization) and isinstance(fac.factors, ds.linear.Factors)
+    assert not bool(fac.factors.fp64_ready) and not bool(fac2.factors.upgraded)  # well conditioned: no fallback
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(dense, np.ones(64)), rtol=1e-12)
+
+
+def test_refinement_settings_are_keyword_only():
+    assert ds.linear.KLU(ir_tol=1e-10).ir_tol == 1e-10
+    with pytest.raises(TypeError):
+        ds.linear.KLU(1e-10)

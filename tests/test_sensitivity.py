@@ -172,7 +172,7 @@ def test_checkpoints_jit_and_vmap_give_the_same_gradient(rober_setup):
     jitted = jax.jit(jax.grad(lambda th: loss(th, ds.CheckpointAdjoint(checkpoints=4))))(theta)
     assert _rel(jitted, ref) < 1e-12
     shifts = jnp.array([[0.0] * 6, [0.1, -0.2, 0.05, 0, 0, 0], [-0.3, 0.1, 0.2, 0, 0, 0]])
-    batched = jax.vmap(jax.grad(lambda th: loss(th, ds.CheckpointAdjoint(checkpoints=4))))(theta + shifts)
+    batched = jax.vmap(jax.grad(lambda th: loss(th, ds.CheckpointAdjoint(checkpoints=4))))(theta[None, :] + shifts)
     for i in range(3):
         assert _rel(batched[i], jax.grad(loss)(theta + shifts[i], ds.CheckpointAdjoint(checkpoints=4))) < 1e-10
 

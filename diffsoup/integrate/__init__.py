@@ -1,11 +1,21 @@
-"""Stiff integrators and their sensitivities: ``simulate``, ``Solution``, status codes."""
+"""Stiff integrators and their sensitivities: ``simulate``, ``Solution``, status codes; the
+integrator interface (``AbstractIntegrator``, ``AbstractRosenbrock`` with a ``RosenbrockTableau``),
+its methods (``Rodas5P``, ``ImplicitEuler``) and the adjoint interface (``AbstractAdjoint``)."""
 
+from ._adjoint import AbstractAdjoint as AbstractAdjoint
+from ._checkpoint import CheckpointAdjoint as CheckpointAdjoint
+from ._forward_mode import ForwardMode as ForwardMode
+from ._implicit_euler import ImplicitEuler as ImplicitEuler
 from ._loop import ConstantStep as ConstantStep
 from ._loop import PIController as PIController
-from ._simulate import CheckpointAdjoint as CheckpointAdjoint
-from ._simulate import ForwardMode as ForwardMode
-from ._simulate import Rodas5P as Rodas5P
-from ._simulate import Solution as Solution
+from ._method import AbstractIntegrator as AbstractIntegrator
+from ._method import AbstractReversibleIntegrator as AbstractReversibleIntegrator
+from ._method import Attempt as Attempt
+from ._method import Work as Work
+from ._rodas5p import Rodas5P as Rodas5P
+from ._rosenbrock import AbstractRosenbrock as AbstractRosenbrock
 from ._simulate import simulate as simulate
+from ._solution import Solution as Solution
 from ._status import SolveError as SolveError
 from ._status import Status as Status
+from ._tableau import RosenbrockTableau as RosenbrockTableau

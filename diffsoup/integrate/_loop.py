@@ -4,24 +4,26 @@ Every output time and every discontinuity is a step endpoint: a step that would 
 shortened to land on it exactly. Outputs are therefore exact step endpoints (no interpolation),
 and across a discontinuity the step that ends there evaluates the right-hand side just below it.
 
-One loop iteration is one *attempt*: Jacobian (reused after a rejection, since the point did not
-move), one factorization of ``W``, eight stages, error estimate, accept or reject, new step size.
-The same :func:`attempt` function drives the forward pass and the adjoint's replays, so a replay
-from a checkpoint retraces the same accepted steps.
+One loop iteration is one *attempt*: the method (an :class:`~diffsoup.integrate.AbstractIntegrator`)
+proposes a step and an error estimate; the loop accepts or rejects it, picks the next step size,
+writes outputs and sets the status. The loop's carry is a typed :class:`LoopState` holding the
+method's own state. The same :func:`attempt` function drives the forward pass and the adjoint's
+replays, so a replay from a checkpoint retraces the same accepted steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _rodas5p as tab
+from ..linear import Workspace
+from ._linear_solve import SolveModes
+from ._method import AbstractIntegrator
 from ._status import RUNNING, Status
-from ._step import SolveModes, error_norm, jacobian_and_time_derivative, rodas_stages, w_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +63,94 @@ class LoopConfig:
     controller: Any
     h0: float | None
     modes: SolveModes
+    method: AbstractIntegrator
+
+    def atol_array(self, dtype):
+        """``atol`` as an array of ``dtype`` (a scalar, or one entry per state)."""
+        return jnp.asarray(np.asarray(self.atol, dtype=np.float64), dtype)
 
 
-# Fields of the carry that describe the state on arrival at an accepted step: enough to replay.
-ARRIVAL_FIELDS = ("t", "y", "h", "err_prev", "i_out", "i_disc", "n_steps")
+class Counters(NamedTuple):
+    """Counters of one solve (int32); all but ``n_attempts`` are :attr:`Solution.stats`."""
+
+    n_steps: Any  # accepted
+    n_rejected: Any
+    n_jac: Any  # Jacobian evaluations
+    n_factor: Any  # factorizations
+    n_solves: Any
+    n_ir_steps: Any  # refinement steps
+    n_fallbacks: Any  # adaptive float64 fallbacks
+    n_rhs: Any  # right-hand-side evaluations, Jacobian colors included
+    n_attempts: Any  # accepted and rejected (max_steps bounds it)
+
+    def stats(self) -> dict:
+        """The counters ``Solution.stats`` reports, by name."""
+        return {name: getattr(self, name) for name in STAT_FIELDS}
 
 
-def _atol(cfg, dtype):
-    return jnp.asarray(np.asarray(cfg.atol, dtype=np.float64), dtype)
+STAT_FIELDS = Counters._fields[:-1]
+
+
+class LastStep(NamedTuple):
+    """The accepted step just taken: its start, state, size and stage-time cap (for the adjoint)."""
+
+    t: Any
+    y: Any
+    h: Any
+    cap: Any
+
+
+class LoopState(NamedTuple):
+    """The loop's carry.
+
+    Attributes:
+        t, y: where the solution is (the last accepted step's end).
+        h: the next step size to try.
+        err_prev: the last accepted step's error (the controller's memory).
+        rejected_last: whether the last attempt was rejected (the step does not grow then).
+        i_out, i_disc: outputs written, discontinuities passed.
+        ys: the outputs ``(m, n)``.
+        status: ``RUNNING`` inside the loop, then a :class:`Status`.
+        method: the method's own state (:meth:`AbstractIntegrator.init`).
+        counters: :class:`Counters`.
+        workspace: the linear solver's workspace.
+        last: :class:`LastStep`.
+        recorder: what the checkpointed adjoint records (None in a plain forward pass).
+    """
+
+    t: Any
+    y: Any
+    h: Any
+    err_prev: Any
+    rejected_last: Any
+    i_out: Any
+    i_disc: Any
+    ys: Any
+    status: Any
+    method: Any
+    counters: Counters
+    workspace: Workspace
+    last: LastStep
+    recorder: Any = None
+
+
+def batched_zeros(like, y0, p, t0, t_eval):
+    """Zeros shaped like ``like`` that are batched whenever any input is (under vmap), so that
+    per-experiment solver state (KLU handles) is allocated per experiment."""
+    anchor = jax.lax.stop_gradient(y0[0] + jnp.sum(p) + t0 + t_eval[0])
+    return jnp.zeros(like.shape, like.dtype) + 0.0 * jnp.nan_to_num(anchor).astype(like.dtype)
+
+
+def begin_workspace(problem, modes, y0, p, t0, t_eval) -> Workspace:
+    """The linear solver's workspace for one solve in ``modes`` (batched as the inputs are)."""
+    jac0 = jax.eval_shape(problem.jacobian_values, t0, y0, p)
+    return problem.prepared.begin(batched_zeros(jac0, y0, p, t0, t_eval), modes)
+
+
+def error_norm(err, y, y_new, rtol, atol):
+    """Weighted RMS norm of the error estimate (Hairer and Wanner's)."""
+    scale = atol + rtol * jnp.maximum(jnp.abs(y), jnp.abs(y_new))
+    return jnp.sqrt(jnp.mean(jnp.square(err / scale)))
 
 
 def initial_step(problem, cfg, t0, y0, p, f0, t_end):
@@ -78,7 +160,7 @@ def initial_step(problem, cfg, t0, y0, p, f0, t_end):
     if cfg.h0 is not None:
         return jnp.asarray(cfg.h0, y0.dtype)
     y0, f0, p = jax.lax.stop_gradient((y0, f0, p))
-    scale = _atol(cfg, y0.dtype) + cfg.rtol * jnp.abs(y0)
+    scale = cfg.atol_array(y0.dtype) + cfg.rtol * jnp.abs(y0)
     d0 = jnp.sqrt(jnp.mean(jnp.square(y0 / scale)))
     d1 = jnp.sqrt(jnp.mean(jnp.square(f0 / scale)))
     h_a = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
@@ -87,13 +169,14 @@ def initial_step(problem, cfg, t0, y0, p, f0, t_end):
     f1 = problem.rhs(t0 + h_a, y0 + h_a * f0, p)
     d2 = jnp.sqrt(jnp.mean(jnp.square((f1 - f0) / scale))) / h_a
     big = jnp.maximum(d1, d2)
-    h_b = jnp.where(big <= 1e-15, jnp.maximum(1e-6, h_a * 1e-3), (0.01 / big) ** (1.0 / tab.ORDER))
+    # The local error of the error estimate grows as h^(error_order + 1).
+    h_b = jnp.where(big <= 1e-15, jnp.maximum(1e-6, h_a * 1e-3), (0.01 / big) ** (1.0 / (cfg.method.error_order + 1)))
     h = jnp.minimum(100.0 * h_a, h_b)
     h = jnp.where(jnp.isfinite(h) & (h > 0), h, 1e-6 * jnp.maximum(span, 1.0))
     return jnp.minimum(h, span).astype(y0.dtype)
 
 
-def init_carry(problem, prepared, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace):
+def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace) -> LoopState:
     dtype = y0.dtype
     n, m = y0.shape[0], t_eval.shape[0]
     done = t_eval <= t0
@@ -105,31 +188,27 @@ def init_carry(problem, prepared, cfg: LoopConfig, y0, p, t0, t_eval, discs, wor
     status = jnp.where(i_out >= m, Status.SUCCESS, RUNNING)
     status = jnp.where(finite, status, Status.NONFINITE_STATE).astype(jnp.int32)
     zero = jnp.zeros((), jnp.int32)
-    jac_shape = jax.eval_shape(problem.jacobian_values, t0, y0, p)
-    return {
-        "t": t0, "y": y0, "h": h, "err_prev": jnp.ones((), dtype), "rejected_last": jnp.zeros((), bool),
-        "i_out": i_out, "i_disc": jnp.sum(discs <= t0).astype(jnp.int32), "ys": ys, "status": status,
-        "jac": jnp.zeros(jac_shape.shape, jac_shape.dtype), "dT": jnp.zeros_like(y0), "f0": f0,
-        "jac_fresh": jnp.zeros((), bool),
-        "n_steps": zero, "n_rejected": zero, "n_attempts": zero, "n_jac": zero, "n_factor": zero,
-        "n_solves": zero, "n_ir_steps": zero, "n_fallbacks": zero, "n_rhs": jnp.asarray(2, jnp.int32),
-        "workspace": workspace,
-        # the accepted step just taken: its start, step size and stage-time cap (for the adjoint)
-        "last_t": t0, "last_y": y0, "last_h": h, "last_cap": jnp.asarray(jnp.inf, dtype),
-    }  # fmt: skip
+    counters = Counters(*([zero] * len(Counters._fields)))._replace(n_rhs=jnp.asarray(2, jnp.int32))
+    return LoopState(
+        t=t0, y=y0, h=h, err_prev=jnp.ones((), dtype), rejected_last=jnp.zeros((), bool), i_out=i_out,
+        i_disc=jnp.sum(discs <= t0).astype(jnp.int32), ys=ys, status=status,
+        method=cfg.method.init(problem, t0, y0, p, f0), counters=counters, workspace=workspace,
+        last=LastStep(t0, y0, h, jnp.asarray(jnp.inf, dtype)),
+    )  # fmt: skip
 
 
-def attempt(problem, prepared, cfg: LoopConfig, p, t_eval, discs, c):
-    """One step attempt; returns the new carry."""
-    dtype = c["y"].dtype
+def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopState:
+    """One step attempt; returns the new carry (its ``recorder`` unchanged)."""
+    method = cfg.method
+    dtype = c.y.dtype
     m, d = t_eval.shape[0], discs.shape[0]
-    t, y, h = c["t"], c["y"], c["h"]
+    t, y, h = c.t, c.y, c.h
     fixed = isinstance(cfg.controller, ConstantStep)
 
-    t_out = t_eval[jnp.minimum(c["i_out"], m - 1)]
+    t_out = t_eval[jnp.minimum(c.i_out, m - 1)]
     if d:
-        has_disc = c["i_disc"] < d
-        t_disc = jnp.where(has_disc, discs[jnp.minimum(c["i_disc"], d - 1)], jnp.inf)
+        has_disc = c.i_disc < d
+        t_disc = jnp.where(has_disc, discs[jnp.minimum(c.i_disc, d - 1)], jnp.inf)
     else:
         t_disc = jnp.asarray(jnp.inf, dtype)
     t_target = jnp.minimum(t_out, t_disc)
@@ -141,18 +220,12 @@ def attempt(problem, prepared, cfg: LoopConfig, p, t_eval, discs, c):
     lands_disc = lands & (t_disc <= t_out)
     t_cap = jnp.where(lands_disc, jnp.nextafter(t_target, t), jnp.inf).astype(dtype)
 
-    jac, dT, f0 = jax.lax.cond(
-        c["jac_fresh"],
-        lambda: (c["jac"], c["dT"], c["f0"]),
-        lambda: jacobian_and_time_derivative(problem, t, y, p),
-    )
-    diag = jnp.asarray(problem.pattern.diagonal)
-    fac = prepared.factor(c["workspace"], w_values(jac, diag, h_try), cfg.modes.all)
-    y_new, err_vec, fac, info = rodas_stages(problem, prepared, cfg.modes, t, y, h_try, p, jac, dT, f0, fac, t_cap)
+    proposal = method.attempt(problem, cfg, c.workspace, c.method, t, y, h_try, p, t_cap)
+    y_new = proposal.y
 
-    err = jax.lax.stop_gradient(error_norm(err_vec, y, y_new, cfg.rtol, _atol(cfg, dtype)))
+    err = jax.lax.stop_gradient(error_norm(proposal.error, y, y_new, cfg.rtol, cfg.atol_array(dtype)))
     finite = jnp.all(jnp.isfinite(y_new)) & jnp.isfinite(err)
-    healthy = finite & info.ok
+    healthy = finite & proposal.linear_ok & proposal.converged
     accept = healthy if fixed else healthy & (err <= 1.0)
 
     if fixed:
@@ -161,70 +234,86 @@ def attempt(problem, prepared, cfg: LoopConfig, p, t_eval, discs, c):
     else:
         ctl = cfg.controller
         err_safe = jnp.maximum(err, 1e-10)
-        grow = ctl.safety * err_safe ** (-ctl.beta1) * c["err_prev"] ** ctl.beta2
-        fmax = jnp.where(c["rejected_last"], jnp.ones((), dtype), jnp.asarray(ctl.factor_max, dtype))
+        grow = ctl.safety * err_safe ** (-ctl.beta1) * c.err_prev**ctl.beta2
+        fmax = jnp.where(c.rejected_last, jnp.ones((), dtype), jnp.asarray(ctl.factor_max, dtype))
         h_acc = h_try * jnp.clip(grow, ctl.factor_min, fmax)
         h_acc = jnp.where(lands, jnp.maximum(h_acc, h), h_acc)  # landing shortened the step: don't shrink for it
-        shrink = jnp.where(healthy, jnp.clip(ctl.safety * err_safe ** (-1.0 / tab.ERROR_ORDER), ctl.factor_min, 0.9), 0.25)
+        shrink = jnp.where(
+            healthy, jnp.clip(ctl.safety * err_safe ** (-1.0 / method.error_order), ctl.factor_min, 0.9), 0.25
+        )
         h_next = jnp.where(accept, h_acc, h_try * shrink)
     h_next = jax.lax.stop_gradient(h_next).astype(dtype)
 
     # Outputs at t_new (all output times equal to it), discontinuities passed.
     idx = jnp.arange(m)
-    write = accept & (t_eval == t_new) & (idx >= c["i_out"])
-    ys = jnp.where(write[:, None], y_new[None, :], c["ys"])
-    i_out = c["i_out"] + jnp.sum(write).astype(jnp.int32)
-    i_disc = c["i_disc"] + (accept & lands_disc).astype(jnp.int32)
+    write = accept & (t_eval == t_new) & (idx >= c.i_out)
+    ys = jnp.where(write[:, None], y_new[None, :], c.ys)
+    i_out = c.i_out + jnp.sum(write).astype(jnp.int32)
+    i_disc = c.i_disc + (accept & lands_disc).astype(jnp.int32)
 
-    n_attempts = c["n_attempts"] + 1
+    n = c.counters
+    work = proposal.work
+    counters = Counters(
+        n_steps=n.n_steps + accept.astype(jnp.int32),
+        n_rejected=n.n_rejected + (~accept).astype(jnp.int32),
+        n_jac=n.n_jac + work.n_jac,
+        n_factor=n.n_factor + work.n_factor,
+        n_solves=n.n_solves + work.n_solves,
+        n_ir_steps=n.n_ir_steps + work.n_ir_steps,
+        n_fallbacks=n.n_fallbacks + work.n_fallbacks,
+        n_rhs=n.n_rhs + work.n_rhs,
+        n_attempts=n.n_attempts + 1,
+    )
+
     tiny = 16 * jnp.finfo(dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(t_new))
     status = jnp.where(i_out >= m, Status.SUCCESS, RUNNING)
-    status = jnp.where((status == RUNNING) & (n_attempts >= cfg.max_steps), Status.MAX_STEPS, status)
+    status = jnp.where((status == RUNNING) & (counters.n_attempts >= cfg.max_steps), Status.MAX_STEPS, status)
     stuck = (status == RUNNING) & ~accept & ((h_next <= tiny) | fixed)
-    cause = jnp.where(~finite, Status.NONFINITE_STATE, jnp.where(~info.ok, Status.LINEAR_SOLVE_FAILED, Status.STEP_TOO_SMALL))
+    cause = jnp.where(
+        ~finite, Status.NONFINITE_STATE, jnp.where(~proposal.linear_ok, Status.LINEAR_SOLVE_FAILED, Status.STEP_TOO_SMALL)
+    )
     status = jnp.where(stuck, cause, status).astype(jnp.int32)
 
     def pick(new, old):
         return jnp.where(accept, new, old)
 
-    n_colors = problem.pattern.n_colors
-    return {
-        "t": pick(t_new, t), "y": pick(y_new, y), "h": h_next,
-        "err_prev": pick(jnp.maximum(err, 1e-4), c["err_prev"]).astype(dtype), "rejected_last": ~accept,
-        "i_out": i_out, "i_disc": i_disc, "ys": ys, "status": status,
-        "jac": jac, "dT": dT, "f0": f0, "jac_fresh": ~accept,
-        "n_steps": c["n_steps"] + accept.astype(jnp.int32),
-        "n_rejected": c["n_rejected"] + (~accept).astype(jnp.int32),
-        "n_attempts": n_attempts,
-        "n_jac": c["n_jac"] + (~c["jac_fresh"]).astype(jnp.int32),
-        "n_factor": c["n_factor"] + 1,
-        "n_solves": c["n_solves"] + tab.STAGES,
-        "n_ir_steps": c["n_ir_steps"] + info.ir_steps,
-        "n_fallbacks": c["n_fallbacks"] + info.fallbacks,
-        "n_rhs": c["n_rhs"] + (tab.STAGES - 1) + jnp.where(c["jac_fresh"], 0, n_colors + 1),
-        "workspace": c["workspace"],
-        "last_t": pick(t, c["last_t"]), "last_y": pick(y, c["last_y"]), "last_h": pick(h_try, c["last_h"]),
-        "last_cap": pick(t_cap, c["last_cap"]),
-    }  # fmt: skip
+    return c._replace(
+        t=pick(t_new, t), y=pick(y_new, y), h=h_next,
+        err_prev=pick(jnp.maximum(err, 1e-4), c.err_prev).astype(dtype), rejected_last=~accept,
+        i_out=i_out, i_disc=i_disc, ys=ys, status=status,
+        method=method.conclude(proposal.state, accept), counters=counters,
+        last=LastStep(pick(t, c.last.t), pick(y, c.last.y), pick(h_try, c.last.h), pick(t_cap, c.last.cap)),
+    )  # fmt: skip
 
 
-def run_loop(problem, prepared, cfg, p, t_eval, discs, carry, *, on_accept=None, until_steps=None):
+def run_loop(problem, cfg, p, t_eval, discs, carry: LoopState, *, on_accept=None, until_steps=None) -> LoopState:
     """Attempts until the status leaves RUNNING (or ``n_steps`` reaches ``until_steps``).
 
     ``on_accept(carry) -> carry`` runs after each attempt that was accepted (checkpointing).
     """
 
-    def cond(c):
-        go = c["status"] == RUNNING
+    def cond(c: LoopState):
+        go = c.status == RUNNING
         if until_steps is not None:
-            go = go & (c["n_steps"] < until_steps)
+            go = go & (c.counters.n_steps < until_steps)
         return go
 
-    def body(c):
-        new = dict(c, **attempt(problem, prepared, cfg, p, t_eval, discs, c))  # keeps recorder fields
+    def body(c: LoopState):
+        new = attempt(problem, cfg, p, t_eval, discs, c)
         if on_accept is not None:
-            accepted = new["n_steps"] > c["n_steps"]
+            accepted = new.counters.n_steps > c.counters.n_steps
             new = jax.lax.cond(accepted, on_accept, lambda x: x, new)
         return new
 
     return jax.lax.while_loop(cond, body, carry)
+
+
+def forward_solve(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs):
+    """The forward pass without records: begin (allocate factors), loop, end (release after the
+    outputs). Returns ``(ys, status, stats)``."""
+    workspace = begin_workspace(problem, cfg.modes.all, y0, p, t0, t_eval)
+    carry = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
+    carry = run_loop(problem, cfg, p, t_eval, discs, carry)
+    token = problem.prepared.end(workspace, carry.ys)
+    status = carry.status + 0 * token
+    return carry.ys, status, carry.counters.stats()

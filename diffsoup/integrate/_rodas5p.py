@@ -17,7 +17,12 @@ Formulation (Hairer and Wanner's W-transformed form, as in OrdinaryDiffEq.jl):
 
     W k_i = f(t + c_i h, y + sum_j A_ij k_j) + sum_j (C_ij / h) k_j + D_i h f_t,    i = 1..8
     with W = I/(h gamma) - J; stages 6-8 evaluate at t + h and
-    u_6 = y + sum_j A_6j k_j + k_6,  u_7 = u_6 + k_7,  y_new = u_7 + k_8,  error estimate = k_8.
+    u_6 = y + sum_j A_6j k_j + k_6,  u_7 = u_6 + k_7,  y_new = u_7 + k_8,  error estimate = k_8
+    (1-based; u_6 is the state of stage 7, u_7 that of stage 8).
+
+``TABLEAU`` is these constants as a :class:`~diffsoup.integrate.RosenbrockTableau` (stages 7 and 8
+chained, ``chained_from=6`` 0-based); ``tests/test_methods.py`` checks its order conditions (5 for
+the solution, 4 for the embedded estimate) in the classical form. :class:`Rodas5P` is the method.
 
 Coefficients: G. Steinebach, "Construction of Rosenbrock-Wanner method Rodas5P and numerical
 benchmarks within the Julia Differential Equations package", BIT Numerical Mathematics 63, 27
@@ -26,14 +31,21 @@ benchmarks within the Julia Differential Equations package", BIT Numerical Mathe
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar, final
+
 import numpy as np
+
+from ._rosenbrock import AbstractRosenbrock
+from ._tableau import RosenbrockTableau
 
 ORDER = 5
 ERROR_ORDER = 4
 STAGES = 8
 GAMMA = 0.21193756319429014
 
-# A[i, j]: stage i's state is y + sum_j A[i, j] k_j (rows 0..5 used; stages 6, 7 chain as above).
+# A[i, j]: stage i's state is y + sum_j A[i, j] k_j (rows 0..5 given; stages 6, 7 chain as above,
+# which TABLEAU fills in).
 A = np.zeros((STAGES, STAGES))
 A[1, 0] = 3.0
 A[2, :2] = [2.849394379747939, 0.45842242204463923]
@@ -61,3 +73,20 @@ C_TIME = np.array([0.0, 0.6358126895828704, 0.4095798393397535, 0.97693067250607
 # D_i: coefficients of h f_t (time derivative), zero for stages 6-8.
 D_TIME = np.array([0.21193756319429014, -0.42387512638858027, -0.3384627126235924,
                    1.8046452872882734, 2.325825639765069, 0.0, 0.0, 0.0])  # fmt: skip
+
+TABLEAU = RosenbrockTableau.chained(
+    A=A, C=C, c=C_TIME, d=D_TIME, gamma=GAMMA, order=ORDER, error_order=ERROR_ORDER, chained_from=6
+)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Rodas5P(AbstractRosenbrock):
+    """The default integrator: Rodas5P, a stiffly accurate Rosenbrock method of order 5(4).
+
+    One factorization of ``W = I/(h gamma) - J`` per step attempt and eight solves; L-stable,
+    for stiff problems; derivatives in both directions (``ds.ForwardMode()``,
+    ``ds.CheckpointAdjoint()``). See ``diffsoup.integrate._rodas5p`` for its coefficients.
+    """
+
+    tableau: ClassVar[RosenbrockTableau] = TABLEAU

@@ -1,8 +1,13 @@
 """Linear solvers behind one interface: ``Dense``, ``KLU`` (CPU) and ``CuDSS`` (GPU)."""
 
+from ._base import AbstractLinearSolver as AbstractLinearSolver
+from ._base import AbstractPreparedSolver as AbstractPreparedSolver
+from ._base import Factorization as Factorization
+from ._base import Factors as Factors
 from ._base import LinearSolver as LinearSolver
 from ._base import PreparedSolver as PreparedSolver
 from ._base import SolveInfo as SolveInfo
+from ._base import Workspace as Workspace
 from ._dense import Dense as Dense
 from ._klu import KLU as KLU
 from ._cudss import CuDSS as CuDSS

@@ -38,11 +38,12 @@ dissection (METIS); ``hybrid_memory=True`` lets cuDSS keep factors in host memor
 ``hybrid_device_memory_limit_mb`` capping its device part. A ``CuDSS`` field left at ``None``
 takes the ``ds.Layout``'s value (``prepare(..., layout=)``).
 
-Memory: cuDSS allocates its factors with ``cudaMalloc``, outside XLA's pool. JAX preallocates
-``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the GPU (0.75 by default); cuDSS then has what is left.
-diffsoup's default for processes that use cuDSS is :data:`CUDSS_XLA_MEM_FRACTION` (0.7: about
-40 GB for cuDSS on a 141 GB H200), to be set before JAX starts (``ds.distributed.configure``);
-for factors larger than that, lower the fraction or use ``hybrid_memory``.
+Memory: cuDSS allocates its factors with ``cudaMalloc``, outside XLA's pool. diffsoup's process
+settings (``diffsoup._settings.configure``, run when diffsoup is imported, before JAX starts its
+backends) turn JAX's preallocation off and cap its pool at ``XLA_PYTHON_CLIENT_MEM_FRACTION`` =
+``diffsoup._settings.XLA_MEM_FRACTION`` (0.75) of the GPU, each only when unset; cuDSS has the
+rest (about 35 GB on a 141 GB H200). For factors larger than that, lower the fraction (set the
+variable before the process starts JAX) or use ``hybrid_memory``.
 
 Only the cu13 build (CUDA 13) was exercised on a GPU; the source is the same for cu12.
 """
@@ -56,7 +57,7 @@ import glob
 import os
 import sys
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
@@ -64,10 +65,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from ._base import LinearSolver, PreparedSolver
-
-CUDSS_XLA_MEM_FRACTION = 0.7
-"""``XLA_PYTHON_CLIENT_MEM_FRACTION`` recommended for processes that use cuDSS (the rest is its room)."""
+from .._settings import settings as process_settings
+from ._base import AbstractLinearSolver, AbstractPreparedSolver
 
 REORDERINGS = {"amd": 0, "metis": 1}
 SLOTS = {"fp64": 0, "low": 1}
@@ -84,12 +83,10 @@ COUNTER_NAMES = (
     "transpose_native", "transpose_fallback", "failed_calls", "info_syncs", "determinism_off",
 )  # fmt: skip
 
-_IR_TOL_DEFAULT = LinearSolver.__dataclass_fields__["ir_tol"].default
-_IR_MAX_STEPS_DEFAULT = LinearSolver.__dataclass_fields__["ir_max_steps"].default
 
-
-@dataclasses.dataclass(frozen=True, init=False)
-class CuDSS(LinearSolver):
+@final
+@dataclasses.dataclass(frozen=True)
+class CuDSS(AbstractLinearSolver):
     """NVIDIA cuDSS sparse direct solver on a CUDA GPU (float32 and float64 factors).
 
     Args:
@@ -98,8 +95,8 @@ class CuDSS(LinearSolver):
         hybrid_memory: keep part of the factors in host memory; None takes the layout's.
         hybrid_device_memory_limit_mb: device memory cap (MB) of the hybrid mode; None takes the
             layout's (cuDSS's own choice when that is None too).
-        ir_tol: refinement target (see :class:`LinearSolver`).
-        ir_max_steps: most refinement steps per solve.
+        ir_tol: refinement target (see :class:`~diffsoup.linear.LinearSolver`; keyword only).
+        ir_max_steps: most refinement steps per solve (keyword only).
 
     Raises:
         ValueError: for an unknown ``reorder``, a non-bool ``hybrid_memory``, a non-positive limit,
@@ -109,21 +106,6 @@ class CuDSS(LinearSolver):
     reorder: str | None = None
     hybrid_memory: bool | None = None
     hybrid_device_memory_limit_mb: int | None = None
-
-    def __init__(
-        self,
-        reorder: str | None = None,
-        hybrid_memory: bool | None = None,
-        hybrid_device_memory_limit_mb: int | None = None,
-        ir_tol: float = _IR_TOL_DEFAULT,
-        ir_max_steps: int = _IR_MAX_STEPS_DEFAULT,
-    ):
-        object.__setattr__(self, "ir_tol", ir_tol)
-        object.__setattr__(self, "ir_max_steps", ir_max_steps)
-        object.__setattr__(self, "reorder", reorder)
-        object.__setattr__(self, "hybrid_memory", hybrid_memory)
-        object.__setattr__(self, "hybrid_device_memory_limit_mb", hybrid_device_memory_limit_mb)
-        self.__post_init__()
 
     def __post_init__(self):
         super().__post_init__()
@@ -317,10 +299,6 @@ def release_cudss_memory() -> int:
     return int(_lib.diffsoup_cudss_release_all())
 
 
-def _check_info_default() -> bool:
-    return os.environ.get("DIFFSOUP_CUDSS_CHECK_INFO", "1").strip() not in ("0", "false", "False", "")
-
-
 # ----------------------------------------------------------------------------------------------
 # Primitives (no autodiff rules: the integrator's solves have their own JVP and transpose)
 # ----------------------------------------------------------------------------------------------
@@ -462,7 +440,17 @@ def transposed_csr(pattern):
     return np.asarray(t.indptr, np.int32), np.asarray(t.indices, np.int32), np.asarray(t.data - 1, np.int32)
 
 
-class PreparedCuDSS(PreparedSolver):
+class CuDSSFactors(NamedTuple):
+    """A factorization in the handler's registry: its info code (also the ordering token of the
+    solves that use it), the values it factored (in the slot's dtype) and whether it succeeded."""
+
+    info: Any
+    values: Any
+    ok: Any
+
+
+@final
+class PreparedCuDSS(AbstractPreparedSolver):
     def __init__(self, solver, pattern, precision, settings):
         super().__init__(solver, pattern, precision)
         self.settings = settings
@@ -471,10 +459,11 @@ class PreparedCuDSS(PreparedSolver):
         self.tpattern = tuple(jnp.asarray(a) for a in transposed_csr(pattern))
         self.diag_mask = np.asarray(pattern.rows == pattern.indices)
         limit = settings["hybrid_device_memory_limit_mb"]
+        check_info = process_settings().cudss_check_info  # DIFFSOUP_CUDSS_CHECK_INFO
         self._opts = {
             slot: Options(
                 _signed64(pattern.fingerprint), code, REORDERINGS[settings["reorder"]],
-                int(bool(settings["hybrid_memory"])), int(limit or 0), _check_info_default(),
+                int(bool(settings["hybrid_memory"])), int(limit or 0), check_info,
             )  # fmt: skip
             for slot, code in SLOTS.items()
         }
@@ -488,12 +477,9 @@ class PreparedCuDSS(PreparedSolver):
     def _slot_values(values, slot):
         return values.astype(jnp.float32) if slot == "low" else values
 
-    def _raw_begin(self, values, slots):
-        workspace = {}
-        for slot in slots:
-            eye = self._identity_like(values, self._slot_values(values, slot).dtype)
-            workspace[slot] = factor(self.indptr, self.indices, eye, None, self._opts[slot], first=True)
-        return workspace
+    def _raw_begin(self, values, slot):
+        eye = self._identity_like(values, self._slot_values(values, slot).dtype)
+        return factor(self.indptr, self.indices, eye, None, self._opts[slot], first=True)
 
     def _raw_end(self, workspace, after):
         # The registry keeps the analysis and factors for the next solve on this pattern.
@@ -503,10 +489,10 @@ class PreparedCuDSS(PreparedSolver):
         v = self._slot_values(values, slot)
         finite = jnp.all(jnp.isfinite(v))
         v = jnp.where(finite, v, self._identity_like(v, v.dtype))
-        info = factor(self.indptr, self.indices, v, workspace[slot], self._opts[slot], first=False)
-        return {"info": info, "values": v, "ok": finite & (info[0] == 0)}
+        info = factor(self.indptr, self.indices, v, workspace, self._opts[slot], first=False)
+        return CuDSSFactors(info, v, finite & (info[0] == 0))
 
-    def _raw_solve(self, fac, b, transpose, slot):
+    def _raw_solve(self, factors, b, transpose, slot):
         tpattern = self.tpattern if transpose else None
-        x = solve(fac["info"], self.indptr, self.indices, fac["values"], b, self._opts[slot], tpattern)
-        return jnp.where(fac["ok"], x, jnp.nan).astype(b.dtype)
+        x = solve(factors.info, self.indptr, self.indices, factors.values, b, self._opts[slot], tpattern)
+        return jnp.where(factors.ok, x, jnp.nan).astype(b.dtype)

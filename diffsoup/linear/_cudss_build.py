@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .._settings import settings
+
 SOURCE = Path(__file__).resolve().parent / "_cudss" / "diffsoup_cudss.cu"
 LIBRARY_NAME = "libdiffsoup_cudss.so"
 CUDSS_SONAME = "libcudss.so.1"
@@ -138,16 +140,14 @@ def find_nvcc() -> Path | None:
 
 
 def cache_root() -> Path:
-    """``$DIFFSOUP_CACHE_DIR/cudss-build``, else ``$XDG_CACHE_HOME/diffsoup/cudss-build``."""
-    if os.environ.get("DIFFSOUP_CACHE_DIR"):
-        return Path(os.environ["DIFFSOUP_CACHE_DIR"]) / "cudss-build"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "diffsoup" / "cudss-build"
+    """``$DIFFSOUP_CACHE_DIR/cudss-build``, else ``$XDG_CACHE_HOME/diffsoup/cudss-build`` (the
+    process settings' cache directory, ``diffsoup._settings``)."""
+    return settings().cache_dir / "cudss-build"
 
 
 def _arch_flags() -> list[str]:
-    custom = os.environ.get("DIFFSOUP_CUDSS_NVCC_FLAGS")
-    return custom.split() if custom else list(DEFAULT_ARCH_FLAGS)
+    custom = settings().cudss_nvcc_flags  # DIFFSOUP_CUDSS_NVCC_FLAGS
+    return list(custom) if custom else list(DEFAULT_ARCH_FLAGS)
 
 
 def _nvcc_version(nvcc: Path) -> str:

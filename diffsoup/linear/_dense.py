@@ -8,19 +8,21 @@ A singular matrix gives non-finite solutions, reported as a failed solve.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
 
-from ._base import LinearSolver, PreparedSolver
+from ._base import AbstractLinearSolver, AbstractPreparedSolver
 
 
+@final
 @dataclasses.dataclass(frozen=True)
-class Dense(LinearSolver):
+class Dense(AbstractLinearSolver):
     """Dense LU with partial pivoting, on any device.
 
     Args:
-        ir_tol: refinement target (see :class:`LinearSolver`).
+        ir_tol: refinement target (see :class:`~diffsoup.linear.LinearSolver`).
         ir_max_steps: most refinement steps per solve.
     """
 
@@ -28,12 +30,20 @@ class Dense(LinearSolver):
         return PreparedDense(self, pattern, precision)
 
 
-class PreparedDense(PreparedSolver):
+class DenseFactors(NamedTuple):
+    """An LU factorization (``lu`` in the slot's dtype) and its pivots."""
+
+    lu: Any
+    piv: Any
+
+
+@final
+class PreparedDense(AbstractPreparedSolver):
     def _dense(self, values):
         return jnp.zeros((self.n, self.n), values.dtype).at[self.rows, self.cols].set(values)
 
-    def _raw_begin(self, values, slots):
-        return {}
+    def _raw_begin(self, values, slot):
+        return None  # nothing persists across steps
 
     def _raw_end(self, workspace, after):
         return jnp.zeros((), jnp.int32)
@@ -45,9 +55,9 @@ class PreparedDense(PreparedSolver):
         # finite solution for a matrix holding a NaN, so the factor is poisoned explicitly (the
         # solves stay linear in b, as the transposed solves of the adjoint need).
         finite = jnp.all(jnp.isfinite(values))
-        return jnp.where(finite, lu, jnp.nan), piv
+        return DenseFactors(jnp.where(finite, lu, jnp.nan), piv)
 
-    def _raw_solve(self, fac, b, transpose, slot):
-        lu, piv = fac
+    def _raw_solve(self, factors, b, transpose, slot):
+        lu, piv = factors
         x = jax.scipy.linalg.lu_solve((lu, piv), b.astype(lu.dtype), trans=1 if transpose else 0)
         return x.astype(b.dtype)

@@ -8,23 +8,26 @@ per solve and refactored in place every step; transpose solves for the adjoint. 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple, final
 
 import jax.numpy as jnp
 import numpy as np
 
 from . import _klu_ffi as ffi
-from ._base import LinearSolver, PreparedSolver, depends_on, round_to_float32
+from ._base import AbstractLinearSolver, AbstractPreparedSolver, round_to_float32
+from ._ordering import depends_on
 
 
+@final
 @dataclasses.dataclass(frozen=True)
-class KLU(LinearSolver):
+class KLU(AbstractLinearSolver):
     """KLU sparse direct solver, CPU only, float64 factors.
 
     Float32 solve modes are emulated: the factors are those of the float32-rounded values, computed
     in float64 (their accuracy, not their speed).
 
     Args:
-        ir_tol: refinement target (see :class:`LinearSolver`).
+        ir_tol: refinement target (see :class:`~diffsoup.linear.LinearSolver`).
         ir_max_steps: most refinement steps per solve.
     """
 
@@ -32,7 +35,15 @@ class KLU(LinearSolver):
         return PreparedKLU(self, pattern, precision)
 
 
-class PreparedKLU(PreparedSolver):
+class KLUFactors(NamedTuple):
+    """A numeric handle refactored in place, and whether the values it was given were finite."""
+
+    num: Any
+    finite: Any
+
+
+@final
+class PreparedKLU(AbstractPreparedSolver):
     def __init__(self, solver, pattern, precision):
         import jax
 
@@ -61,14 +72,14 @@ class PreparedKLU(PreparedSolver):
         zero = 0.0 * jnp.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         return jnp.where(self.diag_mask, 1.0, zero).astype(jnp.float64)
 
-    def _raw_begin(self, values, slots):
-        eye = self._identity_like(values)
-        return {slot: ffi.factor(self.Ai, self.Aj, eye, self.sym) for slot in slots}
+    def _raw_begin(self, values, slot):
+        return ffi.factor(self.Ai, self.Aj, self._identity_like(values), self.sym)
 
     def _raw_end(self, workspace, after):
         token = jnp.zeros((), jnp.int32)
-        for slot in sorted(workspace):
-            token = token + ffi.free(workspace[slot], (after, token))
+        for handle in (workspace.fp64, workspace.low):
+            if handle is not None:
+                token = token + ffi.free(handle, (after, token))
         return token
 
     def _raw_factor(self, workspace, values, slot):
@@ -76,20 +87,18 @@ class PreparedKLU(PreparedSolver):
         # Only finite values are factored: klujax turns a singular matrix into a program abort.
         finite = jnp.all(jnp.isfinite(v))
         v = jnp.where(finite, v, self._identity_like(v))
-        return {"num": ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace[slot]), "finite": finite}
+        return KLUFactors(ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace), finite)
 
-    def _chain_slot(self, slot_fac, after):
+    def _chain_slot(self, factors, after):
         # klu_solve uses a workspace inside the numeric object: two solves on one handle must
         # not run at once, so the next solve takes a handle that waits for this one's result.
-        if not isinstance(slot_fac, dict) or "num" not in slot_fac:
-            return slot_fac
-        return dict(slot_fac, num=depends_on(slot_fac["num"], after))
+        return factors._replace(num=depends_on(factors.num, after))
 
-    def _raw_solve(self, fac, b, transpose, slot):
-        x = ffi.solve(self.sym, fac["num"], b, transpose)
+    def _raw_solve(self, factors, b, transpose, slot):
+        x = ffi.solve(self.sym, factors.num, b, transpose)
         if slot == "low":
             x = x.astype(jnp.float32).astype(b.dtype)
-        return jnp.where(fac["finite"], x, jnp.nan)
+        return jnp.where(factors.finite, x, jnp.nan)
 
 
 def _default_platform() -> str:

@@ -9,7 +9,7 @@ own, because its Python layer has traps for an integrator that factors once per 
 * its ``factor`` inside jit returns handles nobody frees (a leak per step): we allocate numeric
   handles once per solve (``begin``), refactor them in place each step, and free them with its
   ``free_numeric`` handler at the end, ordered after their last use by a data dependency
-  (``_base.depends_on``); all three calls are marked side-effecting, so XLA neither drops nor merges them;
+  (``_ordering.depends_on``); all three calls are marked side-effecting, so XLA neither drops nor merges them;
 * in-place refactorization has no data dependency XLA can see: the handle returned by the
   refactor is what the solves take, and each integrator step is a loop iteration, so a
   refactorization always follows the solves that used the previous factors;
@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+
+from ._ordering import depends_on
 
 _lock = threading.Lock()
 _loaded = False
@@ -217,6 +219,4 @@ def solve(sym, num, b, transpose):
 def free(num, after):
     """Release numeric handles once ``after`` (any pytree) is computed (one release per handle,
     also under vmap: an unbatched handle stays unbatched)."""
-    from ._base import depends_on
-
     return klu_free_p.bind(depends_on(num, after))

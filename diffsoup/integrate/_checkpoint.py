@@ -1,0 +1,371 @@
+"""``ds.CheckpointAdjoint``: the checkpointed discrete adjoint of ``simulate`` (``jax.grad``, ``jax.vjp``).
+
+Why a ``custom_vjp`` around the whole solve: JAX cannot run reverse mode through a
+``lax.while_loop`` (the step count is not known when tracing), and storing every step would make
+memory grow with ``max_steps``. Forward mode does run through the loop, which is why
+``ForwardMode`` exists beside this (as diffrax offers ``adjoint=``); ``jax.jvp`` of the gradient
+(Hessian-vector products) also works, because the reverse sweep below is made of operations that
+all have forward-mode rules.
+
+Forward pass: the ordinary loop, plus a buffer of ``C`` *step records* taken after accepted
+steps at multiples of a stride that doubles (keeping every other record) whenever the buffer is
+full. A record (:class:`StepRecord`) holds what a replay needs (the state and controller state on
+arrival at step ``j``, with the method's checkpoint) and what the step's adjoint needs (its
+accepted step size, stage-time cap and end time).
+
+Reverse sweep, segment by segment from the end: replay the segment from its record with the same
+attempt function into a second buffer of ``C`` records (stride ``ceil(L / C)``), then for each
+step in reverse get its record (directly, or by replaying from the nearest inner record), and
+apply the step's vector-Jacobian product: ``jax.vjp`` of the method's
+:meth:`~diffsoup.integrate.AbstractReversibleIntegrator.reverse_step` as a function of ``(y, p)``,
+whose linear solves are ``custom_linear_solve`` with transposed solves on the step's factors.
+Cotangents of the outputs enter when the sweep passes the step that wrote them.
+
+Exactness: the derivative is that of the discrete solution with the accepted step sizes held
+fixed. A replay retraces the forward steps because it runs the same attempt function from the
+same state; each segment's replay is checked against the next record, and a mismatch (or a failed
+forward solve) makes the cotangents NaN rather than silently wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, final
+
+import jax
+import jax.numpy as jnp
+
+from ..linear._ordering import depends_on
+from ._adjoint import AbstractAdjoint
+from ._linear_solve import SolveModes
+from ._forward_mode import solve_forward
+from ._loop import LoopState, begin_workspace, init_carry, run_loop
+from ._method import AbstractReversibleIntegrator
+from ._status import RUNNING, Status
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class CheckpointAdjoint(AbstractAdjoint):
+    """Differentiate by a checkpointed discrete adjoint (``jax.grad``/``jax.vjp``), the default.
+
+    The forward pass keeps at most ``checkpoints`` step records (thinned online as the step count
+    grows); the reverse sweep replays each segment between records into a second buffer of the
+    same size and runs the adjoint of each step with transposed solves on that step's factors.
+    Memory is ``2 * checkpoints`` states, whatever ``max_steps``; beyond ``checkpoints**2 / 2``
+    accepted steps, segments are replayed step by step (slower, same result).
+    Forward mode (``jax.jvp``) of a function using it is not available; ``jax.jvp`` of its
+    gradient is (Hessian-vector products). It needs a method with a discrete adjoint step (an
+    ``AbstractReversibleIntegrator`` such as ``ds.Rodas5P()``); with another method the solve
+    runs, and reverse mode raises a ``TypeError``.
+
+    Args:
+        checkpoints: records per level (at least 1).
+    """
+
+    checkpoints: int = 128
+
+    def __post_init__(self):
+        if isinstance(self.checkpoints, bool) or int(self.checkpoints) < 1:
+            raise ValueError(f"CheckpointAdjoint.checkpoints={self.checkpoints!r} must be a positive integer.")
+
+    def solve(self, problem, cfg, y0, p, t0, t_eval, discs):
+        if not isinstance(cfg.method, AbstractReversibleIntegrator):
+            return _solve_without_adjoint(_Static(problem, cfg, 0), y0, p, t0, t_eval, discs)
+        return solve_with_adjoint(problem, cfg, int(self.checkpoints), y0, p, t0, t_eval, discs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    problem: object
+    cfg: object
+    checkpoints: int
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def solve_with_adjoint(problem, cfg, checkpoints, y0, p, t0, t_eval, discs):
+    return _solve(_Static(problem, cfg, checkpoints), y0, p, t0, t_eval, discs)
+
+
+# ----------------------------------------------------------------------------------------------
+# A method without a discrete adjoint: the solve runs, reverse mode says why it cannot
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _solve_without_adjoint(static, y0, p, t0, t_eval, discs):
+    return solve_forward(static.problem, static.cfg, y0, p, t0, t_eval, discs)
+
+
+def _without_adjoint_fwd(static, y0, p, t0, t_eval, discs):
+    return _solve_without_adjoint(static, y0, p, t0, t_eval, discs), None
+
+
+def _without_adjoint_bwd(static, residual, cotangents):
+    name = type(static.cfg.method).__name__
+    raise TypeError(
+        f"simulate(method={name}(...)): {name} has no discrete adjoint step, so reverse mode (jax.grad, "
+        "jax.vjp) cannot differentiate it; use adjoint=ds.ForwardMode() with jax.jvp/jax.jacfwd, or a method "
+        "with an adjoint such as ds.Rodas5P()."
+    )
+
+
+_solve_without_adjoint.defvjp(_without_adjoint_fwd, _without_adjoint_bwd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------------------------
+
+
+class Arrival(NamedTuple):
+    """The loop's state on arrival at a step (after the previous accepted step): what a replay
+    starts from, with the method's :meth:`~AbstractReversibleIntegrator.checkpoint`."""
+
+    h: Any
+    err_prev: Any
+    i_out: Any
+    i_disc: Any
+    method: Any
+
+
+class StepRecord(NamedTuple):
+    """One accepted step: where it started (and the loop's state on arrival), its size, its
+    stage-time cap and its end time."""
+
+    t: Any
+    y: Any
+    n_steps: Any  # accepted steps before it
+    arrival: Arrival
+    acc_h: Any
+    acc_cap: Any
+    t_new: Any
+
+
+class Recorder(NamedTuple):
+    """The adjoint's part of the loop carry: the record buffer and the record of the last step."""
+
+    records: StepRecord  # every leaf with a leading (capacity,) axis
+    stride: Any  # the forward pass records the steps at multiples of it
+    arrival: Arrival  # on arrival at the next step
+    last: StepRecord  # the step just accepted
+
+
+def _pick(records: StepRecord, slot) -> StepRecord:
+    return jax.tree_util.tree_map(lambda v: v[slot], records)
+
+
+def _empty_records(capacity, template: StepRecord) -> StepRecord:
+    return jax.tree_util.tree_map(lambda v: jnp.zeros((capacity,) + jnp.shape(v), jnp.result_type(v)), template)
+
+
+def _arrival(method, c: LoopState) -> Arrival:
+    return Arrival(c.h, c.err_prev, c.i_out, c.i_disc, method.checkpoint(c.method))
+
+
+def _record_of_last_step(c: LoopState) -> StepRecord:
+    """The record of the step just accepted (``c`` is the carry right after it)."""
+    return StepRecord(
+        t=c.last.t, y=c.last.y, n_steps=c.counters.n_steps - 1, arrival=c.recorder.arrival, acc_h=c.last.h,
+        acc_cap=c.last.cap, t_new=c.t,
+    )  # fmt: skip
+
+
+def _write(records, slot, record, do):
+    return jax.tree_util.tree_map(lambda r, v: jnp.where(do, r.at[slot].set(v), r), records, record)
+
+
+def _with_recorder(method, c: LoopState, capacity) -> LoopState:
+    """``c`` with an empty recorder (arrival: ``c``'s own state)."""
+    arrival = _arrival(method, c)
+    dtype = c.y.dtype
+    scalar_t = jnp.zeros((), dtype)
+    blank = StepRecord(
+        t=scalar_t, y=jnp.zeros_like(c.y), n_steps=jnp.zeros((), jnp.int32), arrival=arrival, acc_h=scalar_t,
+        acc_cap=scalar_t, t_new=scalar_t,
+    )  # fmt: skip
+    records = _empty_records(capacity, blank)
+    return c._replace(recorder=Recorder(records, jnp.ones((), jnp.int32), arrival, _pick(records, 0)))
+
+
+def _top_recorder(method, capacity):
+    """``on_accept`` of the forward pass: records at multiples of a doubling stride."""
+
+    def on_accept(c: LoopState) -> LoopState:
+        rec = _record_of_last_step(c)
+        j = rec.n_steps
+        r = c.recorder
+        stride = r.stride
+        full = (j % stride == 0) & (j // stride >= capacity)
+        # Full: keep every other record, double the stride.
+        thinned = jax.tree_util.tree_map(lambda v: v[jnp.minimum(2 * jnp.arange(capacity), capacity - 1)], r.records)
+        records = jax.tree_util.tree_map(lambda a, b: jnp.where(full, a, b), thinned, r.records)
+        stride = jnp.where(full, 2 * stride, stride)
+        store = j % stride == 0
+        records = _write(records, jnp.minimum(j // stride, capacity - 1), rec, store)
+        return c._replace(recorder=Recorder(records, stride, _arrival(method, c), rec))
+
+    return on_accept
+
+
+def _inner_recorder(method, base, stride):
+    """``on_accept`` of a segment replay: records at ``base + q * stride``."""
+
+    def on_accept(c: LoopState) -> LoopState:
+        rec = _record_of_last_step(c)
+        offset = rec.n_steps - base
+        store = offset % stride == 0
+        records = _write(c.recorder.records, offset // stride, rec, store)
+        return c._replace(recorder=c.recorder._replace(records=records, arrival=_arrival(method, c), last=rec))
+
+    return on_accept
+
+
+def _last_recorder(method):
+    def on_accept(c: LoopState) -> LoopState:
+        rec = _record_of_last_step(c)
+        return c._replace(recorder=c.recorder._replace(arrival=_arrival(method, c), last=rec))
+
+    return on_accept
+
+
+def _carry_from_record(method, rec: StepRecord, workspace, template: LoopState) -> LoopState:
+    """A loop carry on arrival at the record's step, as the forward pass had it."""
+    a = rec.arrival
+    c = template._replace(
+        t=rec.t, y=rec.y, h=a.h, err_prev=a.err_prev, rejected_last=jnp.zeros((), bool), i_out=a.i_out,
+        i_disc=a.i_disc, counters=template.counters._replace(n_steps=rec.n_steps),
+        status=jnp.asarray(RUNNING, jnp.int32), method=method.resume(template.method, a.method), workspace=workspace,
+    )  # fmt: skip
+    return c._replace(recorder=c.recorder._replace(arrival=_arrival(method, c)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward pass with records
+# ----------------------------------------------------------------------------------------------
+
+
+def _forward(static, y0, p, t0, t_eval, discs):
+    problem, cfg, capacity = static.problem, static.cfg, static.checkpoints
+    method = cfg.method
+    workspace = begin_workspace(problem, cfg.modes.all, y0, p, t0, t_eval)
+    carry = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
+    carry = _with_recorder(method, carry, capacity)
+    carry = run_loop(problem, cfg, p, t_eval, discs, carry, on_accept=_top_recorder(method, capacity))
+    token = problem.prepared.end(workspace, carry.ys)
+    status = carry.status + 0 * token
+    stats = carry.counters.stats()
+    residual = (carry.recorder.records, carry.recorder.stride, carry.counters.n_steps, status)
+    return carry.ys, status, stats, residual
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _solve(static, y0, p, t0, t_eval, discs):
+    ys, status, stats, _ = _forward(static, y0, p, t0, t_eval, discs)
+    return ys, status, stats
+
+
+def _solve_fwd(static, y0, p, t0, t_eval, discs):
+    ys, status, stats, residual = _forward(static, y0, p, t0, t_eval, discs)
+    return (ys, status, stats), (residual, y0, p, t0, t_eval, discs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reverse sweep
+# ----------------------------------------------------------------------------------------------
+
+
+def _solve_bwd(static, residuals, cotangents):
+    (records, stride, n_total, forward_status), y0, p, t0, t_eval, discs = residuals
+    ct_ys = cotangents[0]
+    problem, cfg, capacity = static.problem, static.cfg, static.checkpoints
+    method = cfg.method
+    prepared = problem.prepared
+    modes = cfg.modes
+    adjoint_dtype = jnp.dtype(problem.precision.effective_adjoint_compute_dtype)
+    step_modes = SolveModes(modes.primal, modes.primal, modes.reverse, modes.reverse_ir_tol)
+    dtype = y0.dtype
+    ct_ys = jnp.asarray(ct_ys, dtype)
+
+    workspace = begin_workspace(problem, step_modes.with_reverse, y0, p, t0, t_eval)
+    template = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
+    template = _with_recorder(method, template, capacity)
+    count = jnp.where(n_total > 0, (n_total - 1) // stride + 1, 0)
+
+    def step_vjp(rec: StepRecord, lam, pbar):
+        """Adjoint of the accepted step of ``rec``: outputs it wrote, then the step itself."""
+        wrote = (t_eval == rec.t_new) & (t_eval > t0)
+        lam = lam + jnp.sum(jnp.where(wrote[:, None], ct_ys, 0.0), axis=0).astype(lam.dtype)
+        t, h, cap = (x.astype(adjoint_dtype) for x in (rec.t, rec.acc_h, rec.acc_cap))
+
+        def one_step(y, pp):
+            return method.reverse_step(problem, step_modes, workspace, t, y, h, pp, cap)
+
+        y_new, vjp = jax.vjp(one_step, rec.y.astype(adjoint_dtype), p.astype(adjoint_dtype))
+        # The transposed solves read the factors' workspace too: start them after the recomputed
+        # step's own solves (the last stage's transpose needs only the incoming cotangent).
+        ybar, pb = vjp(depends_on(lam, y_new))
+        return ybar, pbar + pb
+
+    def replay(rec, until, recorder):
+        c = _carry_from_record(method, rec, workspace, template)
+        return run_loop(problem, cfg, p, t_eval, discs, c, on_accept=recorder, until_steps=until)
+
+    def record_of_step(inner, base, s2, j):
+        """The record of step ``j`` from the inner records (replaying from the nearest one)."""
+        q = (j - base) // s2
+        start = _pick(inner, q)
+
+        def from_replay():
+            return replay(start, j + 1, _last_recorder(method)).recorder.last
+
+        return jax.lax.cond(start.n_steps == j, lambda: start, from_replay)
+
+    def segment(state):
+        k, lam, pbar, bad = state
+        base = k * stride
+        length = jnp.minimum(stride, n_total - base)
+        top = _pick(records, k)
+        s2 = jnp.maximum((length + capacity - 1) // capacity, 1)
+
+        def replay_segment():
+            c = replay(top, base + length, _inner_recorder(method, base, s2))
+            # The replay must end where the forward pass recorded the next segment's start.
+            nxt = _pick(records, jnp.minimum(k + 1, capacity - 1))
+            ends_ok = jnp.where(k + 1 < count, (c.t == nxt.t) & jnp.all(c.y == nxt.y), True)
+            ok = (c.counters.n_steps == base + length) & ends_ok
+            return c.recorder.records, ~ok
+
+        def single():
+            inner = jax.tree_util.tree_map(lambda v, r: v.at[0].set(r), template.recorder.records, top)
+            return inner, jnp.zeros((), bool)
+
+        inner, mismatch = jax.lax.cond(length > 1, replay_segment, single)
+
+        def step_body(st):
+            j, lam, pbar = st
+            rec = record_of_step(inner, base, s2, j)
+            lam, pbar = step_vjp(rec, lam, pbar)
+            return j - 1, lam, pbar
+
+        _, lam, pbar = jax.lax.while_loop(lambda st: st[0] >= base, step_body, (base + length - 1, lam, pbar))
+        return k - 1, lam, pbar, bad | mismatch
+
+    lam0 = jnp.zeros(y0.shape, adjoint_dtype)
+    pbar0 = jnp.zeros(p.shape, adjoint_dtype)
+    _, lam, pbar, bad = jax.lax.while_loop(
+        lambda st: st[0] >= 0, segment, (count - 1, lam0, pbar0, jnp.zeros((), bool))
+    )
+    at_start = t_eval <= t0
+    lam = lam + jnp.sum(jnp.where(at_start[:, None], ct_ys, 0.0), axis=0).astype(adjoint_dtype)
+    token = prepared.end(workspace, (lam, pbar))
+    del token  # the release is ordered after the cotangents; its value is not needed
+    failed = bad | (forward_status != Status.SUCCESS)
+    nan = jnp.asarray(jnp.nan, adjoint_dtype)
+    ybar = jnp.where(failed, nan, lam).astype(y0.dtype)
+    pbar = jnp.where(failed, nan, pbar).astype(p.dtype)
+    return ybar, pbar, jnp.zeros_like(t0), jnp.zeros_like(t_eval), jnp.zeros_like(discs)
+
+
+_solve.defvjp(_solve_fwd, _solve_bwd)
