@@ -149,6 +149,21 @@ def test_an_interrupted_task_runs_again_on_resume(tmp_path):
     assert {r.task_id: r.attempts for r in result.records} == {"t0": 1, "t1": 1, "t2": 2, "t3": 1}
 
 
+@pytest.mark.parametrize("execution", ["serial", "processes", "dask"])
+def test_a_running_task_is_counted_in_the_ledger_before_it_runs(tmp_path, execution, request):
+    path = tmp_path / "ledger.json"
+    options = {"client": request.getfixturevalue("gpu_cluster")} if execution == "dask" else {}
+
+    def look(item):
+        # What a rerun would find if this process were killed now.
+        record = Ledger.load(path).get(item["task_id"])
+        return {"state": record["state"], "attempts": record["attempts"]}
+
+    result = checkpointed_map(look, _items(3), ledger_path=path, execution=execution, progress=False, **options)
+    assert result.results == {f"t{i}": {"state": "running", "attempts": 1} for i in range(3)}
+    assert all(r.attempts == 1 for r in result.records)
+
+
 @pytest.mark.parametrize(
     "value, detail",
     [(object(), "Object of type object is not JSON serializable"), (float("nan"), "Out of range float")],
@@ -278,15 +293,21 @@ def test_a_ledger_of_the_previous_format_resumes_and_is_written_with_a_checksum(
     assert written["version"] == LEDGER_VERSION == 2 and len(written["checksum"]) == 64
 
 
-def _without_root_privileges():
-    """In the child before exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding
-    set, so that root obeys file modes (a read-only directory is read-only for it too)."""
-    import ctypes
+# Run as root, a command obeys file modes once CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH are out of
+# its capability bounding set: this prefix drops them (prctl PR_CAPBSET_DROP) and execs the rest.
+_WITHOUT_ROOT_OVERRIDE = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH\n"
+    "    if libc.prctl(24, capability, 0, 0, 0) != 0:\n"
+    "        raise OSError(ctypes.get_errno(), 'prctl(PR_CAPBSET_DROP)')\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+def _as_unprivileged(command):
+    """``command`` so that a read-only directory is read-only for it, root or not."""
+    return [sys.executable, "-c", _WITHOUT_ROOT_OVERRIDE, *command] if os.geteuid() == 0 else command
 
 
 @pytest.mark.parametrize("layout", ["new-ledger", "existing-ledger", "missing-subdirectory"])
@@ -306,9 +327,8 @@ def test_a_read_only_directory_gives_one_line_naming_it(tmp_path, layout):
     )
     directory.chmod(0o555)
     try:
-        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(REPO)},
-                             preexec_fn=_without_root_privileges if os.geteuid() == 0 else None)  # fmt: skip
+        out = subprocess.run(_as_unprivileged([sys.executable, "-c", code]), cwd=REPO, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     finally:
         directory.chmod(0o755)
     assert out.returncode == 3, out.stderr
@@ -647,6 +667,37 @@ def test_dask_campaign_survives_a_killed_gpu_worker(gpu_cluster, tmp_path):
     t2 = result.records[2]
     assert t2.attempts == 2 and t2.worker != killed
     assert Ledger.load(tmp_path / "ledger.json").get("t2")["attempts"] == 2
+
+
+def test_dask_attempts_are_counted_before_tasks_run_when_the_client_is_killed(gpu_cluster, tmp_path):
+    # Each task logs every run of its own; three of them SIGKILL the campaign's client (another
+    # process) during their first run, right after logging it. Reruns resume the campaign.
+    ledger, runlog, pidfile, markers = (tmp_path / name for name in ("ledger.json", "runs.log", "pid", "markers"))
+    markers.mkdir()
+    address = gpu_cluster.scheduler_info()["address"]
+    command = [sys.executable, str(REPO / "tests" / "campaign_dask_driver_script.py"), address, str(ledger),
+               str(runlog), str(pidfile), str(markers), "8", "t1,t4,t6"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    outcomes = []
+    for _ in range(5):
+        run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        outcomes.append(run.returncode)
+        if run.returncode == 0:
+            break
+        assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+    assert outcomes[0] == -signal.SIGKILL and outcomes[-1] == 0, outcomes
+    assert run.stdout.split()[-3:] == ["done", "8", "0"]
+    assert sorted(p.name for p in markers.iterdir()) == ["t1", "t4", "t6"]
+    time.sleep(1.0)  # tasks of a killed client that were running still finish on their workers
+    runs = [line.split() for line in runlog.read_text().splitlines()]
+    state = Ledger.load(ledger)
+    for task_id in state.task_ids():
+        record = state.get(task_id)
+        ran = sum(t == task_id for t, _ in runs)
+        assert record["state"] == "accepted" and [task_id, record["result"]["nonce"]] in runs
+        # Every run was counted before it ran, the killers' first runs included.
+        assert record["attempts"] >= ran >= 1, (task_id, record["attempts"], ran)
+    assert sum(t in ("t1", "t4", "t6") for t, _ in runs) >= 6  # each killer ran twice at least
 
 
 def test_dask_task_no_worker_can_run_fails_within_the_timeout(gpu_cluster, tmp_path):
