@@ -266,13 +266,12 @@ class WindowStore(WindowCache):
     def computing(self, key: str) -> Iterator[None]:
         """Hold the lock of ``key`` while computing its entry; wait while another process holds it.
 
-        Returns (enters the block) when this process holds the lock, when the entry appeared
-        (the holder placed it: load it instead of computing), when the holder gave up without
-        placing it (then this process takes the lock), when the lock was abandoned (its owner, a
-        process of this host, is gone; or another host's lock is older than ``stale_after``: it
-        is broken and taken), or after
-        ``lock_timeout`` seconds (with a :class:`WindowStoreWarning`; then compute without it).
-        Where the store cannot be written, no lock is taken.
+        Enters the block when this process holds the lock; when the entry appeared (the holder
+        placed it: load it instead of computing); when the holder released the lock without
+        placing it (then this process takes it); when the lock was abandoned (its owner, a process
+        of this host, is gone, or another host's lock is older than ``stale_after``: it is broken
+        and taken); or after ``lock_timeout`` seconds, with a :class:`WindowStoreWarning` (then
+        without the lock). Where the store cannot be written, no lock is taken.
         """
         try:
             held = self._acquire(key)
