@@ -149,6 +149,21 @@ def test_an_interrupted_task_runs_again_on_resume(tmp_path):
     assert {r.task_id: r.attempts for r in result.records} == {"t0": 1, "t1": 1, "t2": 2, "t3": 1}
 
 
+@pytest.mark.parametrize("execution", ["serial", "processes", "dask"])
+def test_a_running_task_is_counted_in_the_ledger_before_it_runs(tmp_path, execution, request):
+    path = tmp_path / "ledger.json"
+    options = {"client": request.getfixturevalue("gpu_cluster")} if execution == "dask" else {}
+
+    def look(item):
+        # What a rerun would find if this process were killed now.
+        record = Ledger.load(path).get(item["task_id"])
+        return {"state": record["state"], "attempts": record["attempts"]}
+
+    result = checkpointed_map(look, _items(3), ledger_path=path, execution=execution, progress=False, **options)
+    assert result.results == {f"t{i}": {"state": "running", "attempts": 1} for i in range(3)}
+    assert all(r.attempts == 1 for r in result.records)
+
+
 @pytest.mark.parametrize(
     "value, detail",
     [(object(), "Object of type object is not JSON serializable"), (float("nan"), "Out of range float")],
@@ -235,6 +250,97 @@ def test_a_corrupted_ledger_is_refused_and_left_untouched(tmp_path):
     assert backup.read_bytes() == damaged
 
 
+def test_a_hand_edited_result_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "ledger.json"
+    checkpointed_map(square, _items(3), ledger_path=path, progress=False)
+    edited = path.read_text().replace('"square": 4,', '"square": 5,')
+    assert edited != path.read_text()
+    path.write_text(edited)
+    calls = []
+    with pytest.raises(LedgerError) as info:
+        checkpointed_map(lambda i: calls.append(i), _items(3), ledger_path=path, progress=False)
+    message = str(info.value)
+    assert message.startswith(f"the ledger {path} does not match its checksum: a task record (a result")
+    assert "resume=False" in message and "--restart" in message and ".bak" in message
+    assert "\n" not in message
+    assert calls == [] and path.read_text() == edited
+    # resume=False starts anew and keeps the edited file as a backup.
+    result = checkpointed_map(square, _items(3), ledger_path=path, resume=False, progress=False)
+    assert result.results["t2"]["square"] == 4
+    (backup,) = tmp_path.glob("ledger.json.*.bak")
+    assert backup.read_text() == edited
+
+
+def test_a_ledger_of_the_previous_format_resumes_and_is_written_with_a_checksum(tmp_path):
+    from diffsoup.store import LEDGER_VERSION
+
+    path = tmp_path / "ledger.json"
+    checkpointed_map(square_or_fail, _items(3), ledger_path=path, progress=False)
+    # The same ledger as the previous version wrote it: version 1, no checksum.
+    data = json.loads(path.read_text())
+    del data["checksum"]
+    data["version"] = 1
+    path.write_text(json.dumps(data))
+    calls = []
+
+    def counted(item):
+        calls.append(item["task_id"])
+        return square(item)
+
+    result = checkpointed_map(counted, _items(3), ledger_path=path, progress=False)
+    assert calls == ["t2"] and result.results["t0"] == data["tasks"]["t0"]["result"]
+    written = json.loads(path.read_text())
+    assert written["version"] == LEDGER_VERSION == 2 and len(written["checksum"]) == 64
+
+
+# Run as root, a command obeys file modes once CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH are out of
+# its capability bounding set: this prefix drops them (prctl PR_CAPBSET_DROP) and execs the rest.
+_WITHOUT_ROOT_OVERRIDE = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH\n"
+    "    if libc.prctl(24, capability, 0, 0, 0) != 0:\n"
+    "        raise OSError(ctypes.get_errno(), 'prctl(PR_CAPBSET_DROP)')\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def _as_unprivileged(command):
+    """``command`` so that a read-only directory is read-only for it, root or not."""
+    return [sys.executable, "-c", _WITHOUT_ROOT_OVERRIDE, *command] if os.geteuid() == 0 else command
+
+
+@pytest.mark.parametrize("layout", ["new-ledger", "existing-ledger", "missing-subdirectory"])
+def test_a_read_only_directory_gives_one_line_naming_it(tmp_path, layout):
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "sub" / "ledger.json" if layout == "missing-subdirectory" else directory / "ledger.json"
+    if layout == "existing-ledger":
+        checkpointed_map(square, _items(1), ledger_path=path, progress=False)  # leaves the lock file too
+    code = (
+        "import sys; from diffsoup.distributed import checkpointed_map\n"
+        "try:\n"
+        f"    checkpointed_map(lambda i: i['x'], [{{'task_id': 't0', 'x': 0}}, {{'task_id': 't1', 'x': 1}}], "
+        f"ledger_path={str(path)!r}, progress=False)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__module__ + '.' + type(exc).__name__); print(exc); sys.exit(3)\n"
+    )
+    directory.chmod(0o555)
+    try:
+        out = subprocess.run(_as_unprivileged([sys.executable, "-c", code]), cwd=REPO, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    finally:
+        directory.chmod(0o755)
+    assert out.returncode == 3, out.stderr
+    kind, message = out.stdout.strip().split("\n")  # one line of message
+    assert kind == "diffsoup.store._ledger.LedgerError"
+    assert message.startswith(f"cannot write the ledger {path}: Permission denied in the directory {directory} ")
+    assert message.endswith("another ledger_path (the diffsoup command: another --out).")
+    assert sorted(p.name for p in directory.iterdir()) == (
+        ["ledger.json", "ledger.json.lock"] if layout == "existing-ledger" else []
+    )
+
+
 def test_an_unreadable_ledger_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "ledger.json"
     path.mkdir()
@@ -252,11 +358,44 @@ def test_the_ledger_of_another_campaign(tmp_path):
         checkpointed_map(square, other, ledger_path=path, progress=False)
     assert path.read_bytes() == theirs
 
-    result = checkpointed_map(square, other, ledger_path=path, on_conflict="restart", progress=False)
+    calls = []
+
+    def counted(item):
+        calls.append(item["task_id"])
+        return square(item)
+
+    first_t0 = Ledger.load(path).get("t0")
+    result = checkpointed_map(counted, other, ledger_path=path, on_conflict="restart", progress=False)
+    assert calls == ["t1", "t2"]  # only the tasks whose items changed ran again
     assert [r["square"] for r in result.results.values()] == [0, 100, 400]
-    assert all(r.attempts == 1 for r in result.records)  # t0 too: the whole ledger was discarded
+    assert all(r.attempts == 1 for r in result.records)
+    t0 = Ledger.load(path).get("t0")
+    assert t0 == first_t0  # kept as it was: the same attempts, start, finish and result
     (backup,) = tmp_path.glob("ledger.json.*.bak")
     assert backup.read_bytes() == theirs
+
+
+def test_restart_after_a_conflict_reruns_the_changed_and_new_tasks_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "ledger.json"
+    first = checkpointed_map(square_or_fail, _items(5), ledger_path=path, progress=False)
+    assert list(first.failures) == ["t2"]
+    # t1 changed, t2 (failed before) and t3, t4 the same, t0 dropped from the items, t5 new.
+    items = [{"task_id": "t1", "x": 11}] + _items(5)[2:] + [{"task_id": "t5", "x": 5}]
+    calls = []
+
+    def counted(item):
+        calls.append(item["task_id"])
+        return square(item)
+
+    result = checkpointed_map(counted, items, ledger_path=path, on_conflict="restart", progress=False)
+    assert sorted(calls) == ["t1", "t2", "t5"]  # the changed, the failed and the new one
+    assert result.results["t1"]["square"] == 121 and result.results["t3"] == first.results["t3"]
+    attempts = {r.task_id: r.attempts for r in result.records}
+    assert attempts == {"t1": 1, "t2": 2, "t3": 1, "t4": 1, "t5": 1}
+    ledger = Ledger.load(path)
+    # The task no longer among the items keeps its record, as in any resume.
+    assert ledger.get("t0")["state"] == "accepted" and ledger.get("t0")["result"] == first.results["t0"]
+    assert ledger.get("t3")["started"] == first.records[3].started
 
 
 def test_one_writer_per_ledger(tmp_path):
@@ -528,6 +667,37 @@ def test_dask_campaign_survives_a_killed_gpu_worker(gpu_cluster, tmp_path):
     t2 = result.records[2]
     assert t2.attempts == 2 and t2.worker != killed
     assert Ledger.load(tmp_path / "ledger.json").get("t2")["attempts"] == 2
+
+
+def test_dask_attempts_are_counted_before_tasks_run_when_the_client_is_killed(gpu_cluster, tmp_path):
+    # Each task logs every run of its own; three of them SIGKILL the campaign's client (another
+    # process) during their first run, right after logging it. Reruns resume the campaign.
+    ledger, runlog, pidfile, markers = (tmp_path / name for name in ("ledger.json", "runs.log", "pid", "markers"))
+    markers.mkdir()
+    address = gpu_cluster.scheduler_info()["address"]
+    command = [sys.executable, str(REPO / "tests" / "campaign_dask_driver_script.py"), address, str(ledger),
+               str(runlog), str(pidfile), str(markers), "8", "t1,t4,t6"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    outcomes = []
+    for _ in range(5):
+        run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        outcomes.append(run.returncode)
+        if run.returncode == 0:
+            break
+        assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+    assert outcomes[0] == -signal.SIGKILL and outcomes[-1] == 0, outcomes
+    assert run.stdout.split()[-3:] == ["done", "8", "0"]
+    assert sorted(p.name for p in markers.iterdir()) == ["t1", "t4", "t6"]
+    time.sleep(1.0)  # tasks of a killed client that were running still finish on their workers
+    runs = [line.split() for line in runlog.read_text().splitlines()]
+    state = Ledger.load(ledger)
+    for task_id in state.task_ids():
+        record = state.get(task_id)
+        ran = sum(t == task_id for t, _ in runs)
+        assert record["state"] == "accepted" and [task_id, record["result"]["nonce"]] in runs
+        # Every run was counted before it ran, the killers' first runs included.
+        assert record["attempts"] >= ran >= 1, (task_id, record["attempts"], ran)
+    assert sum(t in ("t1", "t4", "t6") for t, _ in runs) >= 6  # each killer ran twice at least
 
 
 def test_dask_task_no_worker_can_run_fails_within_the_timeout(gpu_cluster, tmp_path):

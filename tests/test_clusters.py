@@ -170,3 +170,91 @@ def test_embedded_cluster_reads_its_worker_count_and_resources_from_the_settings
     finally:
         client.close()
         cluster.close()
+
+
+# --------------------------------------------------------------------------------------------
+# cluster_client(scheduler=...): a scheduler that does not answer is one clear error, quickly
+# --------------------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    """A port of 127.0.0.1 on which nothing listens."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_dead_scheduler_address_is_one_clear_error_within_the_timeout():
+    import time
+
+    from diffsoup.distributed._clusters import ClusterConnectionError
+
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClusterConnectionError) as info:
+        with ds.distributed.cluster_client(scheduler=address, connect_timeout=1.5):
+            pytest.fail("connected to nothing")
+    assert time.monotonic() - started < 1.5 + 5
+    message = str(info.value)
+    assert message.startswith(f"cannot connect to the Dask scheduler at {address} within 1.5 s (OSError: ")
+    assert "`dask scheduler`" in message and "diffsoup.cluster.connect-timeout" in message and "\n" not in message
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, OSError)
+
+
+def test_the_connect_timeout_is_a_setting_and_the_command_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    code = (
+        "import dask, sys\n"
+        "from diffsoup.distributed import cluster_client\n"
+        "try:\n"
+        f"    with cluster_client(scheduler='tcp://127.0.0.1:{_closed_port()}'):\n"
+        "        pass\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(repo), "DASK_DIFFSOUP__CLUSTER__CONNECT_TIMEOUT": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ClusterConnectionError cannot connect to the Dask scheduler at tcp://127.0.0.1:")
+    assert " within 1 s " in out.stdout
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "scheduler, message",
+    [
+        ("127.0.0.1", r"scheduler='127.0.0.1' is not a Dask scheduler address \(missing port number"),
+        ("nonsense://x:1", r"scheduler='nonsense://x:1' is not a Dask scheduler address \(unknown address scheme"),
+    ],
+)
+def test_a_malformed_scheduler_address_names_the_expected_form(scheduler, message):
+    with pytest.raises(ValueError, match=message + r".*give tcp://HOST:PORT"):
+        with ds.distributed.cluster_client(scheduler=scheduler, connect_timeout=1):
+            pass
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", float("inf")])
+def test_a_bad_connect_timeout_names_its_source(value):
+    import dask
+
+    with pytest.raises(ValueError, match=r"connect_timeout=.* must be a positive, finite number of seconds"):
+        with ds.distributed.cluster_client(scheduler="tcp://127.0.0.1:1", connect_timeout=value):
+            pass
+    with dask.config.set({"diffsoup.cluster.connect-timeout": value}):
+        with pytest.raises(ValueError, match=r"the setting diffsoup.cluster.connect-timeout=.* must be a positive"):
+            with ds.distributed.cluster_client(scheduler="tcp://127.0.0.1:1"):
+                pass
+
+
+def test_a_live_scheduler_address_connects():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address="127.0.0.1:0") as cluster:  # fmt: skip
+        with ds.distributed.cluster_client(scheduler=cluster.scheduler_address, connect_timeout=5) as (client, _):
+            assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2

@@ -172,6 +172,23 @@ def _corrupt(path, kind):
         path.write_text(json.dumps(good))
     elif kind == "nan-result":
         path.write_text(path.read_text().replace('"value": 1,', '"value": NaN,'))
+    elif kind == "edited-result":  # by hand, in place: the file stays well-formed
+        path.write_text(path.read_text().replace('"value": 1,', '"value": 100,'))
+    elif kind == "edited-attempts":
+        good["tasks"]["t1"]["attempts"] = 0
+        path.write_text(json.dumps(good))
+    elif kind == "edited-state":
+        good["tasks"]["t1"].update(state="failed", result=None, error="RuntimeError: edited")
+        path.write_text(json.dumps(good))
+    elif kind == "edited-worker":
+        good["tasks"]["t2"]["worker"] = "somewhere else"
+        path.write_text(json.dumps(good))
+    elif kind == "no-checksum":
+        del good["checksum"]
+        path.write_text(json.dumps(good))
+    elif kind == "old-version-0":
+        good["version"] = 0
+        path.write_text(json.dumps(good))
 
 
 @pytest.mark.parametrize(
@@ -186,6 +203,12 @@ def _corrupt(path, kind):
         ("missing-field", "lacks attempts"),
         ("edited-fingerprint", "campaign fingerprint does not match"),
         ("nan-result", "Out of range float"),
+        ("edited-result", "does not match its checksum: a task record .*resume=False .*--restart"),
+        ("edited-attempts", "does not match its checksum"),
+        ("edited-state", "does not match its checksum"),
+        ("edited-worker", "does not match its checksum"),
+        ("no-checksum", "lacks checksum"),
+        ("old-version-0", "its version is 0"),
     ],
 )
 def test_a_damaged_ledger_is_refused_naming_the_file_and_left_untouched(tmp_path, kind, message):
@@ -249,3 +272,67 @@ def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
     other.write_text("not ours")
     assert remove_stale_temporaries(path) == [stale]
     assert other.exists() and not stale.exists()
+
+
+def test_the_checksum_covers_every_field_of_every_record(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = _ledger_with(path)
+    before = ledger.checksum
+    for name, value in [("result", {"value": 0, "list": [0, "y"]}), ("attempts", 2), ("state", "pending"),
+                        ("error", "E"), ("traceback", "T"), ("started", "s"), ("finished", "f"), ("worker", "w")]:
+        record = ledger.get("t0")
+        original = record[name]
+        record[name] = value
+        ledger.set("t0", record)
+        assert ledger.checksum != before, name
+        record[name] = original
+        ledger.set("t0", record)
+        assert ledger.checksum == before, name
+    # Independent of the order of the records and of the keys within a result.
+    reordered = Ledger(path, tasks={t: ledger.get(t) for t in reversed(ledger.task_ids())})
+    assert reordered.checksum == before
+    record = ledger.get("t1")
+    record["result"] = dict(reversed(list(record["result"].items())))
+    ledger.set("t1", record)
+    assert ledger.checksum == before
+
+
+# A ledger written by diffsoup before the checksum (format version 1), byte for byte.
+LEDGER_V1 = """{
+ "format": "diffsoup-ledger",
+ "version": 1,
+ "campaign": "4b781945a3f773e3ba151c696f105647fc49ddb1ed1f98c9704c92a64a5ac7da",
+ "function": "tests.fn",
+ "created": "2026-01-02T03:04:05.000006+00:00",
+ "updated": "2026-12-03T20:48:37.619668+00:00",
+ "tasks": {
+  "t0": {"task_id": "t0", "fingerprint": "e8e42f4ff8c7e067331d287424046032a50f87717a6a0a5c02ab3ff1ce74a1a3", "state": "accepted", "result": {"value": 0}, "error": null, "traceback": null, "attempts": 1, "started": "2026-01-02T03:04:06.000000+00:00", "finished": "2026-01-02T03:04:07.000000+00:00", "worker": "host pid 1"},
+  "t1": {"task_id": "t1", "fingerprint": "382cb69b9b31c842dd9f401c3d1c7dd195aad95b1958edb59711ab47b354e829", "state": "accepted", "result": {"value": 1}, "error": null, "traceback": null, "attempts": 1, "started": "2026-01-02T03:04:06.000000+00:00", "finished": "2026-01-02T03:04:07.000000+00:00", "worker": "host pid 1"},
+  "t2": {"task_id": "t2", "fingerprint": "9430ca0ed031a6d649c2f341226914023b3882c8956b9437fd174cf34052f98b", "state": "accepted", "result": {"value": 2}, "error": null, "traceback": null, "attempts": 1, "started": "2026-01-02T03:04:06.000000+00:00", "finished": "2026-01-02T03:04:07.000000+00:00", "worker": "host pid 1"}
+ }
+}
+"""
+
+
+def test_a_version_1_ledger_is_read_and_written_back_with_its_checksum(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text(LEDGER_V1)
+    ledger = Ledger.load(path)
+    assert ledger.read_version == 1 and LEDGER_VERSION == 2
+    assert ledger.task_ids() == ["t0", "t1", "t2"]
+    assert [ledger.get(t)["result"] for t in ledger.task_ids()] == [{"value": 0}, {"value": 1}, {"value": 2}]
+    assert ledger.get("t1")["fingerprint"] == fingerprint({"task_id": "t1", "x": 1})
+    ledger.save()
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and data["campaign"] == json.loads(LEDGER_V1)["campaign"]
+    assert data["checksum"] == ledger.checksum
+    again = Ledger.load(path)
+    assert again.read_version == 2 and all(again.get(t) == ledger.get(t) for t in ledger.task_ids())
+    # From now on the results are covered.
+    path.write_text(path.read_text().replace('"value": 1}', '"value": 7}'))
+    with pytest.raises(LedgerError, match="does not match its checksum"):
+        Ledger.load(path)
+    # A version-1 ledger whose identity was edited is refused as before.
+    path.write_text(LEDGER_V1.replace('"fingerprint": "38', '"fingerprint": "00'))
+    with pytest.raises(LedgerError, match="campaign fingerprint does not match"):
+        Ledger.load(path)

@@ -5,10 +5,13 @@ entries are recomputed with a warning; a script using only zarr reads the starts
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -136,9 +139,10 @@ def test_eight_processes_at_once_leave_one_entry_and_a_later_process_does_not_so
     assert len(keys) == 1
     key = keys.pop()
     assert all(o["starts"] == outs[0]["starts"] for o in outs)
-    assert all(o["solves"] <= 1 for o in outs)
+    assert sorted(o["solves"] for o in outs) == [0] * 7 + [1]  # one solved, seven waited for it
     windows = cache / "windows"
     assert sorted(p.name for p in windows.iterdir() if p.is_dir()) == [key]  # one entry, no leftover temporaries
+    assert sorted(p.name for p in windows.iterdir() if p.name.startswith(".")) == []  # and no lock left
     later = _run(script, cache, 99)
     assert later["key"] == key and later["solves"] == 0 and later["starts"] == outs[0]["starts"]
 
@@ -283,3 +287,158 @@ def test_plain_zarr_script_reads_the_window_starts(local, tmp_path):
     assert got["modules"] == [] and got["complete"] is True
     np.testing.assert_array_equal(np.array(got["starts"]), expected)
     np.testing.assert_allclose(got["edges"], np.linspace(0.0, 12.0, 5))
+
+
+# --------------------------------------------------------------------------------------------
+# One solve per entry (the lock of a key) and the debris of killed processes
+# --------------------------------------------------------------------------------------------
+
+
+def _dead_pid():
+    """The pid of a process of this host that has ended."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return int(proc.stdout)
+
+
+def _write_lock(store, key, pid, host, age=0.0):
+    store.path.mkdir(parents=True, exist_ok=True)
+    lock = store.lock_path(key)
+    lock.write_text(json.dumps({"host": host, "pid": pid, "token": uuid.uuid4().hex, "since": time.time() - age}))
+    if age:
+        os.utime(lock, (time.time() - age, time.time() - age))
+    return lock
+
+
+def test_a_process_waits_for_the_solve_of_another_and_reads_its_entry(local):
+    exp, study = local
+    reference = MemoryWindowCache()
+    key = prepare_windows(exp, study=study, window_store=reference)
+    store = WindowStore()
+    reset_window_solves()
+    out = {}
+    with store.computing(key):  # held here as by a process solving the entry
+        holder = json.loads(store.lock_path(key).read_text())
+        assert (holder["pid"], holder["host"]) == (os.getpid(), socket.gethostname())
+        waiter = threading.Thread(target=lambda: out.setdefault("key", prepare_windows(exp, study=study)))
+        waiter.start()
+        time.sleep(1.5)
+        assert waiter.is_alive()  # waiting for the lock, not solving
+        assert window_solves() == 0
+        assert store.save(key, reference.load(key)) is True
+        waiter.join(timeout=60)
+    assert not waiter.is_alive() and out["key"] == key
+    assert window_solves() == 0  # it read the entry the holder placed
+    assert not store.lock_path(key).exists()  # released
+    np.testing.assert_array_equal(store.load(key).starts, reference.load(key).starts)
+
+
+@pytest.mark.parametrize("owner", ["dead-process-here", "old-lock-elsewhere"])
+def test_an_abandoned_lock_is_broken_and_the_entry_solved(local, owner):
+    exp, study = local
+    store = WindowStore()
+    key = prepare_windows(exp, study=study, window_store=MemoryWindowCache())
+    if owner == "dead-process-here":
+        lock = _write_lock(store, key, _dead_pid(), socket.gethostname())
+    else:
+        lock = _write_lock(store, key, 1, "another-node.example", age=store.stale_after + 60)
+    reset_window_solves()
+    started = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prepare_windows(exp, study=study) == key
+    assert time.monotonic() - started < 30 and window_solves() == 1
+    assert not lock.exists() and store.keys() == [key]
+
+
+@pytest.mark.parametrize("owner", ["live-process-here", "fresh-lock-elsewhere"])
+def test_a_held_lock_is_waited_for_until_lock_timeout_then_solved_with_a_warning(local, owner):
+    exp, study = local
+    store = WindowStore(lock_timeout=1.0)
+    key = prepare_windows(exp, study=study, window_store=MemoryWindowCache())
+    pid, host = (os.getpid(), socket.gethostname()) if owner == "live-process-here" else (1, "another-node.example")
+    lock = _write_lock(store, key, pid, host, age=60.0)  # older than lock_timeout, younger than stale_after
+    held = lock.read_text()
+    reset_window_solves()
+    started = time.monotonic()
+    with pytest.warns(WindowStoreWarning, match=r"waited 1 s \(lock_timeout\) for another process's solve"):
+        assert prepare_windows(exp, study=study, window_store=store) == key
+    assert 1.0 <= time.monotonic() - started < 30 and window_solves() == 1
+    assert lock.read_text() == held  # not ours: left to its owner
+    assert store.keys() == [key]
+
+
+def test_store_settings_are_checked():
+    with pytest.raises(ValueError, match=r"stale_after=-1 must be a number of seconds >= 0"):
+        WindowStore(stale_after=-1)
+    with pytest.raises(ValueError, match=r"lock_timeout='1h' must be a number of seconds"):
+        WindowStore(lock_timeout="1h")
+
+
+def test_temporaries_of_processes_that_are_gone_are_removed_after_stale_after(tmp_path):
+    store = WindowStore(tmp_path, stale_after=60)
+    store.path.mkdir(parents=True)
+    here, dead, live = socket.gethostname(), _dead_pid(), os.getpid()
+    cases = {  # name: (age in seconds, removed)
+        f".tmp-k1-{uuid.uuid4().hex}.{dead}@{here}": (120, True),  # owner gone, old
+        f".tmp-k2-{uuid.uuid4().hex}.{dead}@{here}": (10, False),  # owner gone, recent
+        f".tmp-k3-{uuid.uuid4().hex}.{live}@{here}": (7200, False),  # a live process of this host
+        f".tmp-k4-{uuid.uuid4().hex}.{live}@another-node.example": (120, True),  # elsewhere: by age
+        f".tmp-k5-{uuid.uuid4().hex}.{live}@another-node.example": (10, False),
+        f".tmp-k6-{uuid.uuid4().hex}": (120, True),  # the earlier naming, without its owner
+        f".tmp-k7-{uuid.uuid4().hex}": (10, False),
+        f".bad-k8-{uuid.uuid4().hex}.{dead}@{here}": (120, True),
+    }
+    for name, (age, _) in cases.items():
+        (store.path / name).mkdir()
+        (store.path / name / "zarr.json").write_text("{}")
+        os.utime(store.path / name, (time.time() - age, time.time() - age))
+    removed = store.remove_stale()
+    assert sorted(p.name for p in removed) == sorted(name for name, (_, gone) in cases.items() if gone)
+    assert store.save("k9", WindowEntry(np.ones((2, 3)), np.arange(4.0))) is True
+    left = sorted(p.name for p in store.path.iterdir() if p.name.startswith("."))
+    assert left == sorted(name for name, (_, gone) in cases.items() if not gone)
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    from diffsoup.inference import WindowEntry
+    from diffsoup.store import WindowStore
+
+    def rename(src, dst):  # the entry is written whole: stop right before placing it
+        if sys.argv[2] == "killed":
+            os._exit(9)
+        print("writing", flush=True)
+        time.sleep(300)
+
+    os.rename = rename
+    WindowStore(sys.argv[1]).save("k", WindowEntry(np.ones((2, 3)), np.arange(4.0)))
+    """
+)
+
+
+def test_a_killed_writer_s_temporary_entry_is_removed_and_a_live_one_kept(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    killed = subprocess.run([sys.executable, "-c", WRITER, str(tmp_path), "killed"], env=env, timeout=120)
+    assert killed.returncode == 9
+    live = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "live"], env=env, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert live.stdout.readline().strip() == "writing"
+        windows = tmp_path / "windows"
+        temporaries = {p.name: p for p in windows.iterdir() if p.name.startswith(".tmp-k-")}
+        assert len(temporaries) == 2
+        # Each names its owner: <pid>@<host>.
+        owners = {tuple(name.rsplit(".", 1)[1].split("@")) for name in temporaries}
+        assert {host for _, host in owners} == {socket.gethostname()} and str(live.pid) in {p for p, _ in owners}
+        store = WindowStore(tmp_path, stale_after=0)  # any age: only whether the owner runs decides
+        assert store.save("k2", WindowEntry(np.zeros((2, 3)), np.arange(4.0))) is True
+        left = sorted(p.name for p in windows.iterdir() if p.name.startswith("."))
+        assert left == [name for name in temporaries if name.endswith(f".{live.pid}@{socket.gethostname()}")]
+    finally:
+        live.kill()
+        live.wait()
+    assert [p.name for p in store.remove_stale()] == left  # its owner is gone now
+    assert store.keys() == ["k2"]

@@ -77,7 +77,10 @@ def checkpointed_map(
             ``i % len(groups)``; while it runs, :func:`device_group` returns its mesh and a
             one-device group is JAX's default device. Must be None for other executions.
         on_conflict: ``"error"`` to refuse a ledger that recorded a ``task_id`` for a different
-            item, or ``"restart"`` to discard that ledger (kept beside it as a ``.bak``).
+            item, or ``"restart"`` to rerun only the tasks whose items changed (their fingerprints
+            differ) and the new ones: their old records are discarded, every other record is kept
+            (accepted results stay accepted; records of tasks no longer among the items stay, as
+            in any resume), and the previous ledger is kept beside it as a ``.bak``.
         client: for ``"dask"``: the Dask client to use. None takes the active client, or else
             starts the embedded default: a LocalCluster on 127.0.0.1 with one worker process per
             visible GPU (``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi -L``), or, without GPUs, two CPU
@@ -109,8 +112,9 @@ def checkpointed_map(
         TypeError: for a non-callable ``fn``, an item without a string ``task_id``, or an item
             that cannot be fingerprinted stably.
         ValueError: for ``execution="processes"``: device groups that are not disjoint meshes.
-        diffsoup.store.LedgerError: if the existing ledger cannot be read or is damaged (the
-            file is left untouched).
+        diffsoup.store.LedgerError: if the existing ledger cannot be read, is damaged, or does
+            not match its checksum (a record edited by hand); the file is left untouched. Also
+            when the ledger's directory cannot be written (one line naming it).
         diffsoup.store.LedgerConflictError: with ``on_conflict="error"``, if the ledger recorded
             a task_id for a different item; the message names the task.
         diffsoup.store.LedgerLockedError: if another process is running a campaign on this ledger.

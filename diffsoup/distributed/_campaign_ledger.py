@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store._ledger import (
+    LEDGER_VERSION,
     Ledger,
     LedgerConflictError,
     LedgerError,
@@ -21,6 +22,7 @@ from ..store._ledger import (
     new_record,
     now_iso,
     remove_stale_temporaries,
+    unwritable,
 )
 from ._progress import ProgressBar
 from ._tasks import CampaignResult, TaskOutcome, TaskRecord, qualified_name
@@ -148,10 +150,14 @@ def open_campaign(plan: CampaignPlan) -> Iterator[CampaignLedger]:
 
     Raises:
         diffsoup.store.LedgerLockedError: if another process runs a campaign on this ledger.
-        diffsoup.store.LedgerError, diffsoup.store.LedgerConflictError: see :func:`open_ledger`.
+        diffsoup.store.LedgerError, diffsoup.store.LedgerConflictError: see :func:`open_ledger`;
+            also when the ledger's directory cannot be written (one line naming it).
     """
     path = plan.ledger_path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unwritable(path, exc) from exc
     with ledger_lock(path):
         remove_stale_temporaries(path)
         ledger = open_ledger(path, plan.fingerprints, resume=plan.resume, on_conflict=plan.on_conflict,
@@ -176,7 +182,12 @@ def open_ledger(
     function: str,
 ) -> Ledger:
     """The ledger to run on, with every task registered: the existing one (checked), or a new one
-    with the old kept as .bak. Tasks interrupted while running are pending again."""
+    with the old kept as .bak. Tasks interrupted while running are pending again.
+
+    With ``on_conflict="restart"``, the tasks recorded for different items (their fingerprints
+    differ) get new records and run again; every other record is kept (accepted results stay
+    accepted, records of tasks no longer among the items stay, as in any resume); the previous file
+    is kept beside the ledger as a .bak."""
     ledger = _ledger_for(path, fingerprints, resume=resume, on_conflict=on_conflict, function=function)
     for task_id, fp in fingerprints.items():
         record = ledger.get(task_id)
@@ -187,6 +198,13 @@ def open_ledger(
             record["state"] = "pending"
             ledger.set(task_id, record)
     return ledger
+
+
+def _backup(path: Path) -> Path:
+    try:
+        return backup_ledger(path)
+    except OSError as exc:
+        raise unwritable(path, exc) from exc
 
 
 def _ledger_for(
@@ -203,10 +221,13 @@ def _ledger_for(
     if not path.exists():
         return Ledger(path, function=function)
     if not resume:
-        backup = backup_ledger(path)
+        backup = _backup(path)
         logger.info("resume=False: the previous ledger %s is kept as %s", path, backup)
         return Ledger(path, function=function)
     ledger = Ledger.load(path)  # raises LedgerError, leaving a damaged file as it is
+    if ledger.read_version is not None and ledger.read_version < LEDGER_VERSION:
+        logger.info("the ledger %s has format version %d; it is written as version %d from now on",
+                    path, ledger.read_version, LEDGER_VERSION)  # fmt: skip
     conflicts = [
         task_id
         for task_id, fp in fingerprints.items()
@@ -219,17 +240,19 @@ def _ledger_for(
             raise LedgerConflictError(
                 f"the ledger {path} recorded task {first!r}{more} for a different item than the one "
                 "given now: it belongs to another campaign, or the items changed. Pass "
-                "on_conflict='restart' to discard it (it is kept beside it as a .bak), resume=False to "
-                "start anew, or another ledger_path."
+                "on_conflict='restart' to rerun the changed tasks (the ledger is kept beside it as a "
+                ".bak), resume=False to start anew, or another ledger_path."
             )
-        backup = backup_ledger(path)
+        backup = _backup(path)
+        for task_id in conflicts:
+            # A changed item is a new task under an old id: nothing recorded for it holds.
+            ledger.set(task_id, new_record(task_id, fingerprints[task_id]))
         logger.warning(
-            "on_conflict='restart': the ledger %s recorded %d task(s) for different items; it is "
-            "kept as %s and the campaign starts anew",
+            "on_conflict='restart': the ledger %s recorded %d task(s) for different items; those run "
+            "anew and the other tasks keep their records. The previous ledger is kept as %s",
             path,
             len(conflicts),
             backup,
         )
-        return Ledger(path, function=function)
     ledger.function = function
     return ledger

@@ -26,6 +26,71 @@ from ._profile import SlurmProfile, read_profile
 WORKER_PRELOAD = "diffsoup.distributed._worker"
 
 
+class ClusterConnectionError(RuntimeError, ConnectionError):
+    """No Dask scheduler answered at the address given (``cluster_client(scheduler=...)``,
+    ``diffsoup fit|campaign --scheduler``) within ``diffsoup.cluster.connect-timeout`` seconds.
+
+    A ``RuntimeError``, and a ``ConnectionError`` (an ``OSError``) as Dask's own connection failure
+    is, so that either kind of handler catches it.
+    """
+
+
+def scheduler_connect_timeout(seconds: Any = None) -> float:
+    """``seconds``, or the setting ``diffsoup.cluster.connect-timeout`` when None, checked.
+
+    Raises:
+        ValueError: for anything but a positive number, naming where it came from.
+    """
+    where = "connect_timeout" if seconds is not None else "the setting diffsoup.cluster.connect-timeout"
+    value = get("cluster.connect-timeout", seconds)
+    if isinstance(value, str):  # DASK_DIFFSOUP__CLUSTER__CONNECT_TIMEOUT=5 may arrive as text
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{where}={value!r} must be a positive, finite number of seconds.")
+    return float(value)
+
+
+def _probe_scheduler(address: str, timeout: float) -> None:
+    """Open (and close) one connection to the scheduler at ``address``, Dask's handshake included.
+
+    Raises:
+        ValueError: for an address Dask cannot parse, naming it and the expected form.
+        ClusterConnectionError: when nothing answers within ``timeout`` seconds.
+    """
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import connect
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+
+    # A thread of its own: asyncio.run needs a thread without a running event loop (a notebook's has one).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="diffsoup-probe") as pool:
+        try:
+            pool.submit(asyncio.run, probe()).result()
+        except ValueError as exc:  # unknown scheme, missing port, ...
+            raise ValueError(
+                f"scheduler={address!r} is not a Dask scheduler address ({exc}); give tcp://HOST:PORT, "
+                "e.g. tcp://10.0.0.5:8786 (what `dask scheduler` prints)."
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            raise _unreachable(address, timeout, exc) from None
+
+
+def _unreachable(address: str, timeout: float, exc: BaseException) -> ClusterConnectionError:
+    return ClusterConnectionError(
+        f"cannot connect to the Dask scheduler at {address} within {timeout:g} s ({type(exc).__name__}: {exc}). "
+        "Check that a scheduler runs there (`dask scheduler`) and that its address and port are right and "
+        "reachable from this machine (firewall, network interface); or raise the setting "
+        "diffsoup.cluster.connect-timeout; or leave the scheduler out to run on the embedded cluster."
+    )
+
+
 def worker_environment() -> dict[str, str]:
     """Environment variables diffsoup's workers start with (only what the caller has not set)."""
     from ._worker import default_cache_dir
@@ -151,19 +216,38 @@ def slurm_cluster(profile: Any, **overrides: Any):
 
 
 @contextlib.contextmanager
-def cluster_client(*, scheduler: str | None = None, slurm: Any = None, n_workers: int | None = None) -> Iterator:
+def cluster_client(*, scheduler: str | None = None, slurm: Any = None, n_workers: int | None = None,
+                   connect_timeout: float | None = None) -> Iterator:  # fmt: skip
     """A Dask client on the cluster the ``diffsoup`` command and the job scripts choose: a
     scheduler address, a SLURM profile, or else the embedded default; closed at the end.
 
+    Args:
+        scheduler: the address of a running Dask scheduler (``tcp://host:8786``).
+        slurm: a SLURM profile (see :func:`slurm_cluster`), used without ``scheduler``.
+        n_workers: CPU workers of the embedded default.
+        connect_timeout: seconds to wait for the scheduler at ``scheduler`` to answer; None reads
+            the setting ``diffsoup.cluster.connect-timeout`` (10 s).
+
     Yields:
         ``(client, dashboard)``: the client and the dashboard's address (or None).
+
+    Raises:
+        ClusterConnectionError: if no scheduler answers at ``scheduler`` in time; the one-line
+            message names the address and what to check.
+        ValueError: for a ``scheduler`` that is not an address, or a bad ``connect_timeout``.
     """
     from distributed import Client
 
     closers: list = []
     try:
         if scheduler:
-            client = Client(scheduler, set_as_default=False)
+            timeout = scheduler_connect_timeout(connect_timeout)
+            # Probed first: a Client that fails to connect prints a traceback again when collected.
+            _probe_scheduler(scheduler, timeout)
+            try:
+                client = Client(scheduler, set_as_default=False, timeout=timeout)
+            except OSError as exc:  # gone between the probe and now
+                raise _unreachable(scheduler, timeout, exc) from None
             closers.append(client)
         elif slurm is not None:
             cluster = slurm_cluster(slurm)

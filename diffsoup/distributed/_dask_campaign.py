@@ -3,7 +3,15 @@
 Each task is submitted as a Dask task restricted to workers that carry ``resources`` (``{"GPU":
 1}`` by default, the setting ``diffsoup.campaign.resources``), so tasks land only on GPU workers,
 one at a time per GPU. Workers report each start through a Dask event, so the ledger shows a task
-as running, on which worker, and how many attempts it took when a worker died under it. A task
+as running, on which worker, and how many attempts it took when a worker died under it.
+
+An attempt is counted before it runs: the worker announces the start, then waits until the client
+has written the attempt to the ledger (durably) and acknowledged it through a Dask ``Event``; only
+then does it call the task function. So the ledger's ``attempts`` is never below the number of
+times a task ran, even when the client is killed while tasks run (a task whose start was not
+acknowledged when the client died is cancelled by the scheduler and never calls the function).
+While it waits, the worker announces the start again every few seconds (in case an announcement
+was lost) and gives up as soon as Dask cancels the task (the client is gone). A task
 that waits in Dask's ``no-worker`` state (no connected worker offers its resources) for
 ``no_worker_timeout`` seconds (``diffsoup.campaign.no-worker-timeout``, 60 by default) is failed
 with an error naming the request and the workers' resources.
@@ -155,7 +163,7 @@ class DaskRunner(CampaignRunner):
             futures = {future.key: (task_id, future) for task_id, future in zip(to_run, submitted)}
             for future in submitted:
                 future.add_done_callback(lambda f: events.put(("done", f)))
-            _drive(campaign, client, futures, events, self.resources, self.no_worker_timeout)
+            _drive(campaign, client, futures, events, self.resources, self.no_worker_timeout, topic)
         finally:
             try:
                 client.unsubscribe_topic(topic)
@@ -166,8 +174,50 @@ class DaskRunner(CampaignRunner):
                 cluster.close()
 
 
+# Seconds between a waiting worker's checks whether its task was cancelled, and how many checks
+# between announcements of its start (a lost announcement is sent again).
+_ACK_POLL_SECONDS = 0.5
+_ANNOUNCE_EVERY = 10
+
+
+class CampaignClientGone(RuntimeError):
+    """Raised on a worker, instead of running a task, when the campaign's client went away before
+    it recorded the task's start (Dask cancelled the task)."""
+
+
+def ack_event_name(topic: str, token: str) -> str:
+    """The Dask ``Event`` the client sets once the attempt ``token`` is in the ledger."""
+    return f"{topic}-ack-{token}"
+
+
+def _await_ack(worker, topic: str, start: dict) -> None:
+    """Announce the start of this attempt and wait until the client has recorded it.
+
+    Raises:
+        CampaignClientGone: if Dask cancels the task first (its client is gone).
+    """
+    from distributed import Event
+
+    key = worker.get_current_task()
+    event = Event(ack_event_name(topic, start["token"]))
+    worker.log_event(topic, start)
+    checks = 0
+    while not event.wait(timeout=_ACK_POLL_SECONDS):
+        task = worker.state.tasks.get(key)
+        if task is None or task.state not in ("executing", "long-running"):
+            raise CampaignClientGone(
+                f"task {start['task_id']!r} was cancelled before the campaign's client recorded its start "
+                "(the client is gone); it did not run, and a rerun of the campaign runs it."
+            )
+        checks += 1
+        if checks % _ANNOUNCE_EVERY == 0:
+            worker.log_event(topic, start)
+    event.clear()  # the scheduler forgets an event that is clear and has no waiters
+
+
 def _run_on_worker(item: Any, task_id: str, *, fn: Callable, topic: str) -> TaskOutcome:
-    """The Dask task: announce the start to the client (one event per attempt), then run."""
+    """The Dask task: announce the start to the client (one event per attempt), wait until the
+    client has counted it in the ledger, then run."""
     from distributed import get_worker
 
     token = uuid.uuid4().hex
@@ -178,7 +228,7 @@ def _run_on_worker(item: Any, task_id: str, *, fn: Callable, topic: str) -> Task
         worker = None
     address = getattr(worker, "address", None)
     if worker is not None:
-        worker.log_event(topic, {"task_id": task_id, "token": token, "worker": address, "started": started})
+        _await_ack(worker, topic, {"task_id": task_id, "token": token, "worker": address, "started": started})
     outcome = run_task(fn, item, task_id)
     return dataclasses.replace(outcome, token=token, worker=address, started=started)
 
@@ -190,12 +240,16 @@ def _drive(
     events: queue.SimpleQueue,
     resources: Mapping[str, float],
     no_worker_timeout: float,
+    topic: str,
 ) -> None:
-    """Apply start events and finished futures to the ledger until every task has an outcome.
+    """Apply start events and finished futures to the ledger until every task has an outcome,
+    acknowledging each start once the ledger holding it is written.
 
     Everything that arrives together goes into one ledger write, so a burst of short tasks does
     not cost one whole-file write each.
     """
+    from distributed import Event
+
     outstanding = dict(futures)  # key -> (task_id, Future) of tasks without an outcome yet
     unsettled = {task_id for task_id, _ in futures.values()}
     tokens: dict[str, set[str]] = {task_id: set() for task_id in unsettled}
@@ -216,11 +270,15 @@ def _drive(
                     break
             changed = False
             finished = []
+            acks = []  # attempts to acknowledge once the ledger holds them
             for kind, payload in batch:
                 if kind == "start":
                     task_id, token = payload["task_id"], payload["token"]
-                    if task_id not in tokens or token in tokens[task_id]:
+                    if task_id not in tokens:
                         continue
+                    acks.append(token)
+                    if token in tokens[task_id]:
+                        continue  # announced again: recorded already, acknowledged again below
                     tokens[task_id].add(token)
                     if task_id in unsettled:
                         campaign.mark_running(task_id, started=payload["started"], worker=payload["worker"])
@@ -229,6 +287,13 @@ def _drive(
                     changed = True
                 elif payload.key in outstanding:
                     finished.append(payload)
+            if acks:
+                # The starts first: their tasks wait, idle, until the ledger holds them.
+                if changed:
+                    campaign.save()
+                    changed = False
+                for token in acks:
+                    Event(ack_event_name(topic, token), client=client).set()
             outcomes = _gather_outcomes(client, finished)
             for future in finished:
                 task_id, _ = outstanding.pop(future.key)

@@ -117,8 +117,10 @@ class ProcessRunner(CampaignRunner):
     def _group_of(self, index: int):
         return self.groups[index % len(self.groups)]
 
-    def _run_mine(self, plan: CampaignPlan, to_run: list[str], me: int, on_done: Callable[[str, TaskOutcome], None]):
-        """Run the tasks whose group this process owns; the group's first process reports each."""
+    def _run_mine(self, plan: CampaignPlan, to_run: list[str], me: int, on_done: Callable[[str, TaskOutcome], None],
+                  on_start: Callable[[str, str, str], None] | None = None):  # fmt: skip
+        """Run the tasks whose group this process owns; the group's first process reports each
+        (``on_start(task_id, started, worker)`` before it runs, ``on_done`` after)."""
         worker = f"{socket.gethostname()} pid {os.getpid()} process {me}"
         for i, task_id in enumerate(to_run):
             mesh = self._group_of(i)
@@ -126,6 +128,8 @@ class ProcessRunner(CampaignRunner):
             if me not in procs:
                 continue
             started = now_iso()
+            if on_start is not None and me == procs[0]:
+                on_start(task_id, started, worker)
             outcome = _run_in_group(plan.fn, plan.items[task_id], task_id, mesh)
             if me == procs[0]:
                 on_done(task_id, dataclasses.replace(outcome, started=started, worker=worker))
@@ -165,9 +169,18 @@ class ProcessRunner(CampaignRunner):
     def _settle_all(self, plan: CampaignPlan, campaign: CampaignLedger, kv: KeyValueStore | None, prefix: str):
         to_run = campaign.to_run
         leader = {task_id: _owners(self._group_of(i))[0] for i, task_id in enumerate(to_run)}
+        counted: set[str] = set()  # tasks whose attempt the ledger holds from before they ran
+
+        def on_start(task_id: str, started: str, worker: str) -> None:
+            # This process's own tasks are counted before they run, as in a serial campaign; the
+            # others' when their outcome arrives.
+            campaign.mark_running(task_id, started=started, worker=worker)
+            campaign.save()
+            counted.add(task_id)
 
         def settle(task_id: str, outcome: TaskOutcome) -> None:
-            campaign.mark_running(task_id, started=outcome.started, worker=outcome.worker)
+            if task_id not in counted:
+                campaign.mark_running(task_id, started=outcome.started, worker=outcome.worker)
             campaign.finish(task_id, outcome)
             campaign.save_and_show()
 
@@ -188,6 +201,6 @@ class ProcessRunner(CampaignRunner):
             if kv is not None:
                 collect(block=False)
 
-        self._run_mine(plan, to_run, 0, on_mine)
+        self._run_mine(plan, to_run, 0, on_mine, on_start)
         if kv is not None:
             collect(block=True)

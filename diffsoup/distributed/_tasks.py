@@ -26,7 +26,8 @@ class TaskRecord:
         error: ``"ExceptionType: message"`` of the last failure, else None.
         traceback: the formatted traceback of the last failure, else None.
         attempts: how many times the task was started, over all runs of the campaign (a worker
-            lost mid-task makes one more).
+            lost mid-task makes one more); each start is in the ledger before the task function
+            runs, so a killed client never leaves a run uncounted.
         started: ISO 8601 UTC time the last attempt started, or None.
         finished: ISO 8601 UTC time the last attempt ended, or None.
         worker: where the last attempt ran: a Dask worker address, or ``"<host> pid <pid>"`` for

@@ -17,8 +17,9 @@ test lists it as an allowed upward reference. Passing ``window_store=`` uses any
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from typing import Any, Mapping, final
+from typing import Any, ContextManager, Mapping, final
 
 import numpy as np
 
@@ -67,7 +68,8 @@ class WindowCache(abc.ABC):
     """Window starts by content key (a 32-character hex string of everything they depend on).
 
     Implementations decide where entries live; two processes saving one key must both end up
-    reading the same entry (the key being a content hash, both copies are equal).
+    reading the same entry (the key being a content hash, both copies are equal). A cache shared
+    by processes also overrides :meth:`computing`, so that they pay for one solve per entry.
     """
 
     @abc.abstractmethod
@@ -85,6 +87,16 @@ class WindowCache(abc.ABC):
         Raises:
             OSError: where the cache cannot be written (the caller keeps its computed starts).
         """
+
+    def computing(self, key: str) -> ContextManager[None]:
+        """A context held while this process computes the entry of ``key``, so that other processes
+        sharing the cache wait for that one solve instead of solving too.
+
+        The caller loads the entry again inside the context (another process may have placed it
+        meanwhile) and computes and saves it only if it is still missing. The default holds no
+        lock (a cache of one process); a shared cache overrides it.
+        """
+        return contextlib.nullcontext()
 
 
 @final

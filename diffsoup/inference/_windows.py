@@ -145,14 +145,19 @@ def window_starts(study, values: np.ndarray, solver, experiment, cache: WindowCa
     entry = cache.load(key)
     if entry is not None and entry.fits(edges, n):
         return key, entry.starts
-    starts = compute_starts(study, values, solver, experiment)
-    try:
-        placed = cache.save(key, WindowEntry(starts, edges, {"experiment": experiment.id,
-                                                             "states": list(study.problem.state_names)}))  # fmt: skip
-    except OSError as err:
-        warnings.warn(f"diffsoup: could not store the window starts of {experiment.id!r} in {cache!r}: {err}",
-                      stacklevel=2)  # fmt: skip
-        return key, starts
+    # One solve for every process sharing the cache: the others wait here, then load its entry.
+    with cache.computing(key):
+        entry = cache.load(key)
+        if entry is not None and entry.fits(edges, n):
+            return key, entry.starts
+        starts = compute_starts(study, values, solver, experiment)
+        try:
+            placed = cache.save(key, WindowEntry(starts, edges, {"experiment": experiment.id,
+                                                                 "states": list(study.problem.state_names)}))  # fmt: skip
+        except OSError as err:
+            warnings.warn(f"diffsoup: could not store the window starts of {experiment.id!r} in {cache!r}: {err}",
+                          stacklevel=2)  # fmt: skip
+            return key, starts
     if not placed:  # another process stored them first: use its copy, so every process holds the same values
         entry = cache.load(key)
         if entry is not None and entry.fits(edges, n):
@@ -170,7 +175,8 @@ def prepare_windows(experiment: Any, trajectory: Any = None, **problem_kwargs: A
     A later fit of the same experiment (the same model, parameter values, windows and data) loads
     them instead of solving again. Set ``DIFFSOUP_CACHE_DIR`` to a shared directory for a run of
     several processes; entries are written whole and renamed into place, so processes may prepare
-    the same experiment at once.
+    the same experiment at once: one of them solves while the others wait for its entry (the
+    store's lock of the entry), so the run pays for one solve.
 
     Args:
         experiment: the ``Experiment`` whose windows to initialize.

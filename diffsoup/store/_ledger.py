@@ -1,12 +1,13 @@
 """The JSON ledger of a campaign: one file, written whole and durably after every change.
 
 A ledger records, task by task, what :func:`diffsoup.inference.checkpointed_map` did, so that a
-rerun resumes where the last one stopped. The file layout (version 1)::
+rerun resumes where the last one stopped. The file layout (version 2)::
 
     {
      "format": "diffsoup-ledger",
-     "version": 1,
+     "version": 2,
      "campaign": "<sha256 of the sorted (task_id, fingerprint) pairs>",
+     "checksum": "<sha256 of every field of every task record>",
      "function": "module.qualname of the task function",
      "created": "<ISO 8601 UTC>",
      "updated": "<ISO 8601 UTC>",
@@ -20,6 +21,11 @@ rerun resumes where the last one stopped. The file layout (version 1)::
 Each task record sits on one line, so the file stays readable and ``grep``-able and a save only
 re-serializes the records that changed. ``campaign`` is a checksum of the identity part of the
 records: a ledger whose records were edited into another campaign's, or damaged, is refused.
+``checksum`` covers everything a rerun trusts, every field of every record (a result, a state, an
+attempt count): a ledger edited by hand or damaged in any record is refused with a
+:class:`LedgerError` rather than silently handing back an edited result. A version-1 ledger (no
+``checksum``; written by diffsoup before it) is read as before, trusted as it was then, and written
+back as version 2 with its checksum on the campaign's first save.
 
 Writes go to a temporary file in the same directory, which is flushed, fsynced and moved over the
 ledger with ``os.replace``, after which the directory is fsynced: a reader (or a rerun after a
@@ -43,7 +49,9 @@ from pathlib import Path
 from typing import Any
 
 LEDGER_FORMAT = "diffsoup-ledger"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+# Versions this one reads: 1 (no "checksum") is migrated on its first save.
+READABLE_VERSIONS = (1, 2)
 TASK_STATES = ("pending", "running", "accepted", "failed")
 RECORD_FIELDS = (
     "task_id",
@@ -57,7 +65,8 @@ RECORD_FIELDS = (
     "finished",
     "worker",
 )
-_HEADER_FIELDS = ("format", "version", "campaign", "function", "created", "updated", "tasks")
+_HEADER_FIELDS = ("format", "version", "campaign", "checksum", "function", "created", "updated", "tasks")
+_HEADER_FIELDS_V1 = ("format", "version", "campaign", "function", "created", "updated", "tasks")
 _TMP_SUFFIX = ".tmp"
 
 
@@ -71,6 +80,20 @@ class LedgerConflictError(LedgerError):
 
 class LedgerLockedError(RuntimeError):
     """Another process holds the ledger's lock: it is running a campaign on that file."""
+
+
+def unwritable(path: str | os.PathLike, exc: OSError) -> LedgerError:
+    """The error for a ledger that cannot be written: one line naming its directory and the remedy."""
+    path = Path(path)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    directory = path.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent  # the directory the missing ones were to be created in
+    return LedgerError(
+        f"cannot write the ledger {path}: {reason} in the directory {directory} "
+        f"({type(exc).__name__}). Give the campaign a directory this process can write: another "
+        "ledger_path (the diffsoup command: another --out)."
+    )
 
 
 def now_iso() -> str:
@@ -160,6 +183,19 @@ def campaign_fingerprint(tasks: Mapping[str, Mapping[str, Any]]) -> str:
     pairs = sorted((tid, rec["fingerprint"]) for tid, rec in tasks.items())
     text = json.dumps(pairs, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def record_digest(record: Mapping[str, Any]) -> str:
+    """SHA-256 of every field of one task record (canonical JSON: sorted keys, ASCII)."""
+    text = json.dumps({name: record[name] for name in RECORD_FIELDS}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True, allow_nan=False)  # fmt: skip
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def records_checksum(digests: Mapping[str, str]) -> str:
+    """The ledger's ``checksum``: SHA-256 of the sorted ``(task_id, record digest)`` pairs."""
+    text = json.dumps(sorted(digests.items()), separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,6 +311,7 @@ def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
 
     Raises:
         LedgerLockedError: if another process holds the lock.
+        LedgerError: if the lock file cannot be created (a read-only directory).
     """
     path = Path(path)
     try:
@@ -283,7 +320,10 @@ def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
         yield
         return
     lock_path = path.with_name(path.name + ".lock")
-    handle = open(lock_path, "a+")
+    try:
+        handle = open(lock_path, "a+")
+    except OSError as exc:
+        raise unwritable(path, exc) from exc
     try:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -375,6 +415,10 @@ class Ledger:
         function: ``module.qualname`` of the task function, kept for people reading the file.
         created: ISO time the ledger was first written, or None for now.
         tasks: records keyed by task_id, in order.
+
+    Attributes:
+        read_version: the format version of the file this ledger was loaded from (None for a
+            new ledger); an older version is written back as :data:`LEDGER_VERSION`.
     """
 
     def __init__(
@@ -388,9 +432,12 @@ class Ledger:
         self.path = Path(path)
         self.function = function
         self.created = created or now_iso()
+        self.read_version: int | None = None
         self._records: dict[str, dict[str, Any]] = {}
         self._lines: dict[str, str] = {}
+        self._digests: dict[str, str] = {}
         self._campaign: str | None = None
+        self._checksum: str | None = None
         for task_id, record in (tasks or {}).items():
             self.set(task_id, record)
 
@@ -420,11 +467,14 @@ class Ledger:
         if problem:
             raise ValueError(problem)
         line = _dump_record(record)  # raises before anything changes if it is not JSON
+        digest = record_digest(record)
         previous = self._records.get(task_id)
         if previous is None or previous["fingerprint"] != record["fingerprint"]:
             self._campaign = None  # the identity changed; state changes leave it as it is
+        self._checksum = None
         self._records[task_id] = record
         self._lines[task_id] = line
+        self._digests[task_id] = digest
 
     @property
     def campaign(self) -> str:
@@ -433,12 +483,20 @@ class Ledger:
             self._campaign = campaign_fingerprint(self._records)
         return self._campaign
 
+    @property
+    def checksum(self) -> str:
+        """The checksum of every field of the records held now (the file's ``checksum``)."""
+        if self._checksum is None:
+            self._checksum = records_checksum(self._digests)
+        return self._checksum
+
     def to_text(self) -> str:
         """The file content: a header, then one task record per line."""
         header = {
             "format": LEDGER_FORMAT,
             "version": LEDGER_VERSION,
             "campaign": self.campaign,
+            "checksum": self.checksum,
             "function": self.function,
             "created": self.created,
             "updated": now_iso(),
@@ -449,8 +507,16 @@ class Ledger:
         return "{\n" + head + tasks + "}\n"
 
     def save(self) -> None:
-        """Write the whole ledger to its file durably (see the module docstring)."""
-        write_text_durably(self.path, self.to_text())
+        """Write the whole ledger to its file durably (see the module docstring).
+
+        Raises:
+            LedgerError: if the file cannot be written (a read-only directory, a full disk); the
+                message names the directory and what to do. The file on disk is left as it was.
+        """
+        try:
+            write_text_durably(self.path, self.to_text())
+        except OSError as exc:
+            raise unwritable(self.path, exc) from exc
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Ledger:
@@ -465,7 +531,8 @@ class Ledger:
         Raises:
             FileNotFoundError: if there is no file at ``path``.
             LedgerError: if the file cannot be read, is not JSON, is not a diffsoup ledger, was
-                written by a newer version, or its records are damaged. The file is left as it is.
+                written by a newer version, its records are damaged, or they do not match its
+                checksum (edited by hand). The file is left as it is.
         """
         path = Path(path)
         fix = (
@@ -494,7 +561,9 @@ class Ledger:
                 f"the ledger {path} has version {version}, written by a newer diffsoup than this one "
                 f"(which reads version {LEDGER_VERSION}); upgrade diffsoup to resume it. {fix}"
             )
-        missing = [name for name in _HEADER_FIELDS if name not in data]
+        if version not in READABLE_VERSIONS:
+            raise LedgerError(f"the ledger {path} is corrupted: its version is {version!r}. {fix}")
+        missing = [name for name in (_HEADER_FIELDS if version >= 2 else _HEADER_FIELDS_V1) if name not in data]
         if missing:
             raise LedgerError(f"the ledger {path} is corrupted: it lacks {', '.join(missing)}. {fix}")
         tasks = data["tasks"]
@@ -510,9 +579,21 @@ class Ledger:
                 f"records (a record's task_id or fingerprint was changed by hand or damaged). {fix}"
             )
         try:
-            return cls(path, function=data["function"], created=data["created"], tasks=tasks)
+            ledger = cls(path, function=data["function"], created=data["created"], tasks=tasks)
         except ValueError as exc:  # e.g. a NaN written by another tool
             raise LedgerError(f"the ledger {path} is corrupted: {exc}. {fix}") from exc
+        if version >= 2 and ledger.checksum != data["checksum"]:
+            raise LedgerError(
+                f"the ledger {path} does not match its checksum: a task record (a result, state, attempt "
+                "count or another field) was changed after diffsoup wrote it, by hand or by damage, and "
+                "a rerun would trust it. The file was left untouched. Restore the ledger from a copy "
+                "(a .bak beside it, if any), or start the campaign anew with resume=False (the diffsoup "
+                "command: --restart), which keeps this file beside the new one as a .bak."
+            )
+        # A version-1 ledger had no checksum: it is trusted as version 1 trusted it, and the next
+        # save writes it as the current version with its checksum.
+        ledger.read_version = version
+        return ledger
 
 
 def json_result(value: Any) -> str:
