@@ -82,7 +82,7 @@ from .._precision import Precision
 from ..inference import Experiment, Gaussian, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
 from ..inference._fit import METHODS
-from ..inference._study import EXPERIMENT_LEVEL, SCALES
+from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._data_files import DataTable, read_data_table
@@ -350,8 +350,8 @@ def _noise(r: TomlReader, table: Any, field: tuple):
 def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
     raw = r.table(raw, field)
     r.keys(raw, PARAMETER_KEYS, field)
-    if "name" not in raw or "nominal" not in raw:
-        raise r.error(field, "a parameter needs name and nominal (and lower, upper to be estimated)")
+    if "name" not in raw:
+        raise r.error(field, "a parameter needs name = ..., and nominal or lower and upper")
     values: dict[str, Any] = {"name": r.string(raw["name"], field + ("name",))}
     for key in ("nominal", "lower", "upper"):
         if key in raw:
@@ -367,8 +367,9 @@ def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
         r.known(values["level"], levels + [EXPERIMENT_LEVEL], field + ("level",), "level")
     try:
         return Parameter(**values)
-    except ValueError as exc:
-        raise r.error(field, str(exc)) from None
+    except ParameterError as exc:  # at the line of the key at fault, when the file has it
+        key = exc.key if exc.key in raw else None
+        raise r.error(field + ((key,) if key else ()), str(exc)) from None
 
 
 class _ExperimentContext:
