@@ -291,6 +291,9 @@ def test_demo_study_file_loads_and_recovers_its_truth(tmp_path):
 
     sf = load_study(write_demo_study(tmp_path, n_experiments=6))
     assert len(sf.study.experiments) == 6 and sf.observables["run00"] == ["S", "P", "bound"]
+    # one value per rate before the fit: the model's defaults are the parameter table's nominals
+    defaults = dict(zip(sf.study.problem.parameter_names, np.asarray(sf.study.problem.spec.parameter_defaults)))
+    assert defaults == {p.name: p.nominal for p in sf.study.parameters}
     low = sf.lower()
     theta_true = np.log10([TRUTH[n] for n in low.problem.theta_names])
     # the data are the truth plus sigma-scaled noise: chi2 per value at the truth is about 1
