@@ -271,3 +271,52 @@ def test_campaign_on_a_scheduler_without_gpu_workers_fails_after_the_timeout(dem
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "campaign: every start failed" in proc.stderr and "no_worker_timeout=3 s" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_diffsoup_errors_print_as_one_line(tmp_path, monkeypatch, capsys):
+    import diffsoup as ds
+    from diffsoup import cli
+    from diffsoup.store import LedgerError
+    from diffsoup.workflows import StudyFailedError
+
+    study = tmp_path / "study.toml"
+    study.write_text("")
+
+    def failing(raise_it):
+        monkeypatch.setattr(cli, "_check", lambda args: raise_it())
+        monkeypatch.delenv("DIFFSOUP_TRACEBACK", raising=False)
+        code = cli.main(["check", str(study)])
+        return code, capsys.readouterr().err
+
+    def solve_error():
+        raise ds.SolveError(np.array([1, 0, 4]))
+
+    def bad_parameter():
+        ds.inference.Parameter("k", lower=1.0, upper=0.5)
+
+    def bad_experiment():  # a plain ValueError raised by diffsoup's code
+        ds.Experiment("", [1.0], [1.0])
+
+    def ledger():
+        raise LedgerError(f"{tmp_path}/campaign.json: its checksum does not match")
+
+    def study_failed():
+        raise StudyFailedError("all 3 experiments failed: MAX_STEPS", {"MAX_STEPS": 3})
+
+    def denied():
+        raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
+
+    cases = [(solve_error, "SolveError: ds.simulate failed: 2 of 3 solve(s) did not succeed; MAX_STEPS: reached"),
+             (bad_parameter, "ParameterError: Parameter 'k': lower bound 1.0 is above the upper bound 0.5; swap"),
+             (bad_experiment, "Experiment id must be a non-empty string, not ''."),
+             (ledger, "LedgerError: "), (study_failed, "StudyFailedError: all 3 experiments failed: MAX_STEPS"),
+             (denied, f"PermissionError: [Errno 13] Permission denied: '{tmp_path / 'out'}'")]  # fmt: skip
+    for raise_it, words in cases:
+        code, err = failing(raise_it)
+        assert code == 1 and err.startswith(f"diffsoup check: {words}"), err
+        assert len(err.strip().splitlines()) == 1 and "DIFFSOUP_TRACEBACK" not in err, err
+    # an error from below diffsoup keeps the pointer to its traceback; a TypeError from below is a bug
+    code, err = failing(lambda: np.zeros(2).reshape(3))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "DIFFSOUP_TRACEBACK=1" in err
+    with pytest.raises(TypeError):
+        failing(lambda: np.zeros(2).reshape("x"))
