@@ -110,8 +110,8 @@ def _check(args) -> int:
           f"({', '.join(study.problem.state_names[:8])}{', ...' if study.problem.n_states > 8 else ''})")  # fmt: skip
     print(f"  experiments: {len(study.experiments)}, measured values: {sum(e.n_measured for e in study.experiments)}")
     est = [p for p in study.parameters if p.estimate]
-    expanded = "" if len(study.entries) == len(study.parameters) else \
-        f"; {len(study.entries)} values once expanded over the members of their levels"
+    expanded = ("" if len(study.entries) == len(study.parameters)
+                else f"; {len(study.entries)} values once expanded over the members of their levels")  # fmt: skip
     print(f"  parameters: {len(study.parameters)} ({len(est)} estimated{expanded})")
     if study.levels:
         print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
@@ -124,7 +124,7 @@ def _check(args) -> int:
 
 def _simulate(args) -> int:
     _enable_x64()
-    from .workflows import StudyFailedError, simulate_study
+    from .workflows import simulate_study
 
     values = {}
     for text in args.set or []:
@@ -135,13 +135,7 @@ def _simulate(args) -> int:
             sep = ""
         if not sep or not name.strip():
             raise SystemExit(f"diffsoup simulate: --set {text!r} must read NAME=VALUE (a number)")
-    sf = _load(args)
-    try:
-        summary = simulate_study(sf, args.out, parameters=values, from_fit=args.from_fit, plots=not args.no_plots)
-    except StudyFailedError as exc:
-        if exc.summary is not None:  # the outputs show what failed
-            _print_outputs(exc.summary, args.out)
-        raise
+    summary = simulate_study(_load(args), args.out, parameters=values, from_fit=args.from_fit, plots=not args.no_plots)
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
     print(f"\n{summary['experiments']} experiments simulated in {summary['seconds']:.1f} s ({status})")
     _print_outputs(summary, args.out)
@@ -311,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from ._settings import settings
     from .formats import StudyFileError
     from .store import LedgerConflictError
+    from .workflows import StudyFailedError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -327,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     if study is not None and not study.is_file():
         parser.error(f"study file {study} not found")
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except StudyFailedError as exc:  # every experiment failed, after the outputs that show how were written
+            if exc.summary is not None:
+                _print_outputs(exc.summary, args.out)
+            raise
     except StudyFileError as exc:
         print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
         return INPUT_ERROR

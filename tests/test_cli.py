@@ -230,6 +230,7 @@ def test_simulate_from_a_missing_fit_names_the_path_in_one_line(tmp_path):
     assert f"--from-fit: {tmp_path / 'empty'} is not a diffsoup result store" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_study_whose_every_solve_fails_exits_non_zero_naming_the_status(tmp_path):
     from diffsoup._demo_study import write_demo_study
 
@@ -253,6 +254,9 @@ def test_a_study_whose_every_solve_fails_exits_non_zero_naming_the_status(tmp_pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "every start failed" in proc.stderr and "all 2 experiments failed at the nominal values: MAX_STEPS" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = diffsoup("campaign", study, "-o", tmp_path / "campaign", "--in-process", "--starts", 1, "--max-nfev", 3,
+                    "--no-plots", check=False)  # fmt: skip
+    assert proc.returncode == 1 and "all 2 experiments failed at the nominal values: MAX_STEPS" in proc.stderr
 
 
 @pytest.mark.slow
@@ -263,7 +267,7 @@ def test_campaign_on_a_scheduler_without_gpu_workers_fails_after_the_timeout(dem
 
     out, _ = demo
     env = {**ENV, "DASK_DIFFSOUP__CAMPAIGN__NO_WORKER_TIMEOUT": "3"}
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=":0") as cluster:  # fmt: skip  (no GPU resource)
         proc = subprocess.run([sys.executable, "-m", "diffsoup", "campaign", str(out / "study.toml"), "-o",
                                str(tmp_path), "--scheduler", cluster.scheduler_address, "--starts", "2", "--no-plots"],

@@ -82,7 +82,8 @@ class Parameter:
                     f"on the {self.scale} scale).", "nominal"
                 )  # fmt: skip
             lo, hi = self.lower, self.upper
-            object.__setattr__(self, "nominal", lo / 2 + hi / 2 if self.scale == "lin" else math.sqrt(lo) * math.sqrt(hi))
+            midpoint = lo / 2 + hi / 2 if self.scale == "lin" else math.sqrt(lo) * math.sqrt(hi)
+            object.__setattr__(self, "nominal", midpoint)
         if not math.isfinite(self.nominal):
             raise ParameterError(f"{where}: nominal={self.nominal} must be finite.", "nominal")
         if self.estimate and not (math.isfinite(self.lower) and math.isfinite(self.upper)):
@@ -96,7 +97,8 @@ class Parameter:
                 "a positive nominal).", "nominal"
             )  # fmt: skip
         if not (self.lower <= self.nominal <= self.upper):
-            raise ParameterError(f"{where}: nominal {self.nominal} lies outside [{self.lower}, {self.upper}].", "nominal")
+            raise ParameterError(f"{where}: nominal {self.nominal} lies outside [{self.lower}, {self.upper}].",
+                                 "nominal")
         if self.level is not None and (not isinstance(self.level, str) or not self.level):
             raise ParameterError(f"{where}: level must be None, 'experiment' or a level name of the study.", "level")
 

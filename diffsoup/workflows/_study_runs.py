@@ -100,11 +100,11 @@ def _check_status(sf: Any, status: Mapping[str, int], where: str, log: Callable,
     log(f"[diffsoup] warning: {report}")
 
 
-def _explain_failed_fit(sf: Any, exc: RuntimeError) -> None:
+def _explain_failed_fit(sf: Any, exc: RuntimeError, *, solve_failures: bool = False) -> None:
     """A fit whose every start failed: when every experiment also fails at the nominal values
     (a solver setting, not the starts, is at fault), raise :class:`StudyFailedError` naming
     the statuses; otherwise return (the caller re-raises ``exc``)."""
-    if not str(exc).startswith("fit: every start failed"):  # FitResult.from_starts: no start finite
+    if not (solve_failures or str(exc).startswith("fit: every start failed")):  # FitResult.from_starts
         return
     from ..inference import InferenceProblem
 
@@ -357,9 +357,12 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     earlier = {r.task_id for r in done if r.finished and datetime.fromisoformat(r.finished) < began}
     log(f"[diffsoup] campaign: {len(campaign.results)} of {len(items)} starts finished, "
         f"{len(campaign.failures)} failed")  # fmt: skip
-    if not campaign.results:  # every task raised (a solve failure is a result: a start at objective inf)
-        raise RuntimeError(f"campaign: every start failed; see {ledger} (first: "
+    if not campaign.results:  # every task raised
+        exc = RuntimeError(f"campaign: every start failed; see {ledger} (first: "
                            f"{next(iter(campaign.failures.values())).error if campaign.failures else 'none'}).")  # fmt: skip
+        if campaign.failures and all("fit: every start failed" in str(r.error) for r in campaign.failures.values()):
+            _explain_failed_fit(sf, exc, solve_failures=True)  # each start's solves failed, not the cluster
+        raise exc
     results = []
     for item in items:
         r = campaign.results.get(item["task_id"])
