@@ -5,6 +5,7 @@ reaction network fitted to synthetic experiments (true vs recovered parameters).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 
 def _timed(fn):
@@ -116,6 +117,8 @@ def run_study(directory, *, n_experiments: int = 24, in_process: bool = False, w
     starts = summary["starts"]
     out(f"\n{starts['at_best']} of {starts['total']} starts reached the best objective {summary['objective']:.6g} "
         f"({summary['evaluations']} evaluations, {summary['seconds']:.1f} s); max |z| {max(map(abs, z.values())):.2f}.")
-    out(f"Results: {summary['results']}\nSummary: {directory}/summary.json\nPlots:   " + "\n         ".join(summary["plots"]))
+    directory = Path(directory)  # the summary's paths are relative to it; show them under it, as given
+    out(f"Results: {directory / summary['results']}\nSummary: {directory / 'summary.json'}\nPlots:   "
+        + "\n         ".join(str(directory / p) for p in summary["plots"]))  # fmt: skip
     summary["z"] = z
     return summary

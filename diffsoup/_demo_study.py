@@ -13,6 +13,9 @@ import numpy as np
 TRUTH = {"kon": 20.0, "koff": 10.0, "kcat": 1.5, "ki": 40.0, "kr": 25.0}
 BOUNDS = {"kon": (2.0, 200.0), "koff": (1.0, 100.0), "kcat": (0.15, 15.0), "ki": (4.0, 400.0),
           "kr": (2.5, 250.0)}  # fmt: skip
+# The values before any fit, a rough guess (not the truth): the model's defaults in [model] and the
+# nominal values in [[parameters]] are these same numbers, so a newcomer reads one value per rate.
+GUESS = {"kon": 100.0, "koff": 50.0, "kcat": 1.0, "ki": 10.0, "kr": 100.0}
 TIMES = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0)
 SIGMA = 0.01
 
@@ -30,7 +33,7 @@ reactions = [
   ["C + S -> CI", "ki"],
   ["CI -> C + S", "kr"],
 ]
-parameters = {{ kon = 100.0, koff = 100.0, kcat = 1.0, ki = 10.0, kr = 100.0 }}
+parameters = {{ {guess} }}   # a guess; the [[parameters]] nominals too
 y0 = {{ S = 1.0, E = 0.1 }}
 
 [observables]
@@ -93,10 +96,12 @@ def write_demo_study(directory, *, n_experiments: int = 24, seed: int = 0) -> Pa
         )
     (directory / "data" / "measurements.csv").write_text("\n".join(rows) + "\n")
     params = "".join(
-        f'\n[[parameters]]\nname = "{k}"\nnominal = {np.sqrt(lo * hi):.6g}\nlower = {lo:g}\nupper = {hi:g}\n'
+        f'\n[[parameters]]\nname = "{k}"\nnominal = {GUESS[k]:g}\nlower = {lo:g}\nupper = {hi:g}\n'
         f'scale = "log10"\n'
         for k, (lo, hi) in BOUNDS.items()
     )
+    guess = ", ".join(f"{k} = {v!r}" for k, v in GUESS.items())
     path = directory / "study.toml"
-    path.write_text(STUDY_TOML.format(n=n_experiments, sigma=SIGMA, parameters=params, experiments="\n".join(blocks)))
+    path.write_text(STUDY_TOML.format(n=n_experiments, sigma=SIGMA, guess=guess, parameters=params,
+                                      experiments="\n".join(blocks)))  # fmt: skip
     return path

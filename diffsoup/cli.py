@@ -30,6 +30,9 @@ where the work runs (fit, campaign):
                        SLURMCluster jobs, one worker per GPU, scaled with adapt()
   --in-process         no Dask: everything in this process
 
+errors print as one line (exit status 2 for a study file or ledger to fix, 1 for a failed run);
+DIFFSOUP_TRACEBACK=1 shows the traceback.
+
 examples:
   diffsoup demo
   diffsoup check study.toml
@@ -48,7 +51,8 @@ def _enable_x64() -> None:
 def _load(args):
     from .formats import load_study
 
-    return load_study(args.study)
+    # A study file's [model] python = "file.py:function" runs that code: say so before it does.
+    return load_study(args.study, log=lambda line: print(f"[diffsoup] {line}", flush=True))
 
 
 def _cluster(args):
@@ -68,7 +72,15 @@ def _cluster(args):
     return cluster_client(scheduler=args.scheduler, slurm=args.slurm, n_workers=args.workers)
 
 
-def _print_summary(summary: dict) -> None:
+def _print_outputs(summary: dict, out: Path) -> None:
+    """The files written, as paths under ``out`` as the user gave it (the summary's are relative to it)."""
+    print(f"results  {out / summary['results']}")
+    for p in summary["plots"]:
+        print(f"plot     {out / p}")
+    print(f"summary  {out / 'summary.json'}")
+
+
+def _print_summary(summary: dict, out: Path) -> None:
     print(f"\nobjective {summary['objective']:.8g}; {summary['starts']['at_best']} of {summary['starts']['total']} "
           f"starts at the best; {summary['evaluations']} evaluations in {summary['seconds']:.1f} s")  # fmt: skip
     print(f"\n{'parameter':<24} {'estimate':>12} {'std err':>10}  scale")
@@ -77,9 +89,7 @@ def _print_summary(summary: dict) -> None:
         print(f"{name:<24} {value:>12.6g} {summary['standard_errors'][name]:>10.3g}  {summary['scales'].get(base, '')}")
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
     print(f"\nexperiments at the estimate: {status}")
-    print(f"results  {summary['results']}")
-    for p in summary["plots"]:
-        print(f"plot     {p}")
+    _print_outputs(summary, out)
 
 
 def _demo(args) -> int:
@@ -100,10 +110,15 @@ def _check(args) -> int:
           f"({', '.join(study.problem.state_names[:8])}{', ...' if study.problem.n_states > 8 else ''})")  # fmt: skip
     print(f"  experiments: {len(study.experiments)}, measured values: {sum(e.n_measured for e in study.experiments)}")
     est = [p for p in study.parameters if p.estimate]
-    print(f"  parameters: {len(study.parameters)} ({len(est)} estimated, {len(study.entries)} entries with levels)")
+    expanded = ("" if len(study.entries) == len(study.parameters)
+                else f"; {len(study.entries)} values once expanded over the members of their levels")  # fmt: skip
+    print(f"  parameters: {len(study.parameters)} ({len(est)} estimated{expanded})")
     if study.levels:
         print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
-    print(f"  fit: {sf.fit}; solver: rtol={sf.solver.rtol}, atol={sf.solver.atol}")
+    f = sf.fit
+    print(f"  fit: {f['method']}, {f['starts']} starts (seed {f['seed']}), max_nfev {f['max_nfev']}, "
+          f"objective {f['objective']}")  # fmt: skip
+    print(f"  solver: rtol={sf.solver.rtol:g}, atol={sf.solver.atol:g}, max_steps={sf.solver.max_steps}")
     return 0
 
 
@@ -123,9 +138,7 @@ def _simulate(args) -> int:
     summary = simulate_study(_load(args), args.out, parameters=values, from_fit=args.from_fit, plots=not args.no_plots)
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
     print(f"\n{summary['experiments']} experiments simulated in {summary['seconds']:.1f} s ({status})")
-    print(f"results  {summary['results']}")
-    for p in summary["plots"]:
-        print(f"plot     {p}")
+    _print_outputs(summary, args.out)
     return 0
 
 
@@ -137,7 +150,7 @@ def _fit(args) -> int:
     with _cluster(args) as (client, _dashboard):  # fit_study prints the dashboard's address
         summary = fit_study(sf, args.out, client=client, method=args.method, starts=args.starts, seed=args.seed,
                             max_nfev=args.max_nfev, plots=not args.no_plots)  # fmt: skip
-    _print_summary(summary)
+    _print_summary(summary, args.out)
     return 0
 
 
@@ -152,13 +165,19 @@ def _campaign(args) -> int:
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
                                  max_nfev=args.max_nfev, resume=not args.restart,
                                  on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
-                                 # SLURM workers wait in the batch queue; elsewhere a missing worker is an error
-                                 no_worker_timeout=math.inf if args.slurm is not None else None)  # fmt: skip
+                                 no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
     c = summary["campaign"]
     print(f"\ncampaign: {c['accepted']} of {c['tasks']} starts accepted ({c['resumed']} from an earlier run), "
-          f"{c['failed']} failed; ledger {c['ledger']}")  # fmt: skip
-    _print_summary(summary)
+          f"{c['failed']} failed; ledger {args.out / c['ledger']}")  # fmt: skip
+    _print_summary(summary, args.out)
     return 0
+
+
+def _no_worker_timeout(args) -> float | None:
+    """How long a campaign start may wait for a worker offering GPU=1: SLURM workers wait in the
+    batch queue (for ever); elsewhere (the embedded default, --scheduler) None reads the setting
+    diffsoup.campaign.no-worker-timeout (60 s), after which the start fails with a message."""
+    return math.inf if args.slurm is not None else None
 
 
 def _add_fit_options(p: argparse.ArgumentParser) -> None:
@@ -206,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="read a study file and report what it holds, or what is wrong",
                            description="Read a study file and its data files, build the model, and print a "
-                           "summary; errors name the file, the line and the field.")  # fmt: skip
+                           "summary; errors name the file, the line and the field. A study file whose [model] "
+                           "names python = \"file.py:function\" is code, like a script: check (as every command) "
+                           "imports that file and calls the function, and says so first. Check only study files "
+                           "you would run.")  # fmt: skip
     check.add_argument("study", type=Path, help=STUDY_HELP)
     check.set_defaults(func=_check)
 
@@ -247,10 +269,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors the command reports as one line (no traceback), with its exit status: 2 for input the
+# user must change (a study file, a ledger of other starts), 1 for a run that failed.
+INPUT_ERROR, RUN_ERROR = 2, 1
+
+
+def _raised_by_diffsoup(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of diffsoup's own errors: a class of diffsoup's (StudyFileError,
+    LedgerError, SolveError, ...), or a ValueError, TypeError, RuntimeError or OSError raised by
+    diffsoup's code (the innermost frame is in the package)."""
+    if type(exc).__module__.partition(".")[0] == "diffsoup":
+        return True
+    if not isinstance(exc, (ValueError, TypeError, RuntimeError, OSError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    package = Path(__file__).resolve().parent
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(package)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line (multi-line messages joined with '; ')."""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
+        text = f"{text}: {exc.filename}"
+    plain = (ValueError, TypeError, RuntimeError, OSError)
+    named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ != "StudyFileError"
+    return f"{type(exc).__name__}: {text}" if named or not text else text
+
+
 def main(argv: list[str] | None = None) -> int:
     from ._settings import settings
     from .formats import StudyFileError
-    from .store import LedgerConflictError, LedgerLockedError
+    from .store import LedgerConflictError
+    from .workflows import StudyFailedError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -267,23 +322,34 @@ def main(argv: list[str] | None = None) -> int:
     if study is not None and not study.is_file():
         parser.error(f"study file {study} not found")
     try:
-        return args.func(args)
-    except StudyFileError as exc:
-        print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except LedgerConflictError as exc:
-        print(f"diffsoup {args.command}: {exc}\nRun it with --restart to start the campaign anew, or choose "
-              "another --out.", file=sys.stderr)  # fmt: skip
-        return 2
-    except (LedgerLockedError, FileExistsError) as exc:
-        print(f"diffsoup {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, RuntimeError) as exc:  # diffsoup's own errors say what is wrong and how to fix it
-        if settings().traceback:
+        try:
+            return args.func(args)
+        except StudyFailedError as exc:  # every experiment failed, after the outputs that show how were written
+            if exc.summary is not None:
+                _print_outputs(exc.summary, args.out)
             raise
-        print(f"diffsoup {args.command}: {type(exc).__name__}: {exc}\n(DIFFSOUP_TRACEBACK=1 shows where it came from)",
-              file=sys.stderr)  # fmt: skip
-        return 1
+    except StudyFileError as exc:
+        print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return INPUT_ERROR
+    except LedgerConflictError as exc:
+        print(f"diffsoup {args.command}: {_one_line(exc)} -- run it with --restart to start the campaign anew, or "
+              "choose another --out", file=sys.stderr)  # fmt: skip
+        return INPUT_ERROR
+    except (ValueError, TypeError, RuntimeError, OSError) as exc:
+        # diffsoup's own errors say what is wrong and how to fix it; a file that cannot be read or
+        # written names its path; other errors from below (numpy, JAX, Dask) keep the old one-line
+        # form with a pointer to the traceback, except for TypeErrors: those are bugs.
+        ours = _raised_by_diffsoup(exc)
+        if settings().traceback or not (ours or isinstance(exc, (ValueError, RuntimeError, OSError))):
+            raise
+        hint = "" if ours or isinstance(exc, OSError) else " (DIFFSOUP_TRACEBACK=1 shows where it came from)"
+        print(f"diffsoup {args.command}: {_one_line(exc)}{hint}", file=sys.stderr)
+        return RUN_ERROR
+    except Exception as exc:  # noqa: BLE001 (classes of diffsoup's own that derive from Exception alone)
+        if settings().traceback or not _raised_by_diffsoup(exc):
+            raise
+        print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return RUN_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

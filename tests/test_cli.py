@@ -154,3 +154,173 @@ def test_simulate_with_an_unknown_parameter_says_so(tmp_path):
     proc = diffsoup("simulate", study, "-o", tmp_path / "out", "--set", "kcatt=2", check=False)
     assert proc.returncode == 1 and "['kcatt'] are not parameters of enzyme-demo" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+PY_MODEL = '''\
+import jax.numpy as jnp
+import diffsoup as ds
+
+print("the model file ran")
+
+
+def make():
+    def rhs(t, y, p):
+        return jnp.stack([-p["k1"] * y[0], p["k1"] * y[0]])
+    return ds.ProblemSpec(rhs, states=["A", "B"], parameters={"k1": 1.0}, y0=[1.0, 0.0])
+'''
+
+PY_STUDY = '''\
+format = "diffsoup-study/1"
+{levels}
+[model]
+python = "model.py:make"
+
+[[parameters]]
+name = "k1"
+lower = 0.1
+upper = 10.0
+{level}
+[[experiments]]
+id = "e1"
+data = "e.csv"
+{group1}
+[[experiments]]
+id = "e2"
+data = "e.csv"
+{group2}'''
+
+
+def python_study(tmp_path, with_levels=False):
+    (tmp_path / "model.py").write_text(PY_MODEL)
+    (tmp_path / "e.csv").write_text("time,A\n1.0,0.37\n2.0,0.14\n")
+    fill = dict(levels='levels = ["lab"]', level='level = "lab"', group1='groups = { lab = "north" }',
+                group2='groups = { lab = "south" }') if with_levels else dict(levels="", level="", group1="", group2="")  # fmt: skip
+    study = tmp_path / "study.toml"
+    study.write_text(PY_STUDY.format(**fill))
+    return study
+
+
+def test_check_says_it_runs_the_python_code_of_a_study_file_first(tmp_path):
+    study = python_study(tmp_path)
+    proc = diffsoup("check", study)
+    notice = f"running Python code from {study}: model.py:make (a study file with Python is code, like a script)"
+    assert notice in proc.stdout
+    assert proc.stdout.index(notice) < proc.stdout.index("the model file ran")
+    help_text = diffsoup("check", "--help").stdout
+    assert "is code, like a script" in " ".join(help_text.split())
+
+
+def test_check_counts_level_values_only_for_a_study_with_levels(tmp_path):
+    proc = diffsoup("check", python_study(tmp_path))
+    assert "  parameters: 1 (1 estimated)\n" in proc.stdout and "entries" not in proc.stdout
+    proc = diffsoup("check", python_study(tmp_path, with_levels=True))
+    assert "  parameters: 1 (1 estimated; 2 values once expanded over the members of their levels)" in proc.stdout
+    assert "levels: lab (2 members)" in proc.stdout
+
+
+def test_simulate_from_a_missing_fit_names_the_path_in_one_line(tmp_path):
+    study = python_study(tmp_path)
+    proc = diffsoup("simulate", study, "-o", tmp_path / "out", "--from-fit", tmp_path / "missing.zarr", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"--from-fit: {tmp_path / 'missing.zarr'} not found" in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = diffsoup("simulate", study, "-o", tmp_path / "out", "--from-fit", tmp_path / "empty", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"--from-fit: {tmp_path / 'empty'} is not a diffsoup result store" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_study_whose_every_solve_fails_exits_non_zero_naming_the_status(tmp_path):
+    from diffsoup._demo_study import write_demo_study
+
+    study = write_demo_study(tmp_path / "demo", n_experiments=2)
+    study.write_text(study.read_text().replace("atol = 1e-10\n", "atol = 1e-10\nmax_steps = 5\n"))
+    out = tmp_path / "sim"
+    proc = diffsoup("simulate", "demo/study.toml", "-o", "sim", cwd=tmp_path, check=False)  # relative paths
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "all 2 experiments failed: MAX_STEPS -- raise [solver] max_steps (now 5)" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    # the outputs are still written, paths relative to the output directory, printed as given
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["experiment_status"] == {"MAX_STEPS": 2}
+    assert summary["results"] == "simulation.zarr" and summary["plots"] == ["plots/fits.png"]
+    assert summary["study_file"] == os.path.join("..", "demo", "study.toml")
+    assert f"results  {os.path.join('sim', 'simulation.zarr')}" in proc.stdout
+    assert str(tmp_path) not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "(in demo/study.toml)" in proc.stderr
+    proc = diffsoup("fit", study, "-o", tmp_path / "fit", "--in-process", "--starts", 1, "--max-nfev", 3, "--no-plots",
+                    check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "every start failed" in proc.stderr and "all 2 experiments failed at the nominal values: MAX_STEPS" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = diffsoup("campaign", study, "-o", tmp_path / "campaign", "--in-process", "--starts", 1, "--max-nfev", 3,
+                    "--no-plots", check=False)  # fmt: skip
+    assert proc.returncode == 1 and "all 2 experiments failed at the nominal values: MAX_STEPS" in proc.stderr
+
+
+@pytest.mark.slow
+def test_campaign_on_a_scheduler_without_gpu_workers_fails_after_the_timeout(demo, tmp_path):
+    # `campaign --scheduler` passes no no_worker_timeout: the setting diffsoup.campaign.no-worker-timeout
+    # applies (60 s shipped; 3 s here through Dask's environment configuration).
+    from distributed import LocalCluster
+
+    out, _ = demo
+    env = {**ENV, "DASK_DIFFSOUP__CAMPAIGN__NO_WORKER_TIMEOUT": "3"}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0") as cluster:  # fmt: skip  (no GPU resource)
+        proc = subprocess.run([sys.executable, "-m", "diffsoup", "campaign", str(out / "study.toml"), "-o",
+                               str(tmp_path), "--scheduler", cluster.scheduler_address, "--starts", "2", "--no-plots"],
+                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "campaign: every start failed" in proc.stderr and "no_worker_timeout=3 s" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_diffsoup_errors_print_as_one_line(tmp_path, monkeypatch, capsys):
+    import diffsoup as ds
+    from diffsoup import cli
+    from diffsoup.store import LedgerError
+    from diffsoup.workflows import StudyFailedError
+
+    study = tmp_path / "study.toml"
+    study.write_text("")
+
+    def failing(raise_it):
+        monkeypatch.setattr(cli, "_check", lambda args: raise_it())
+        monkeypatch.delenv("DIFFSOUP_TRACEBACK", raising=False)
+        code = cli.main(["check", str(study)])
+        return code, capsys.readouterr().err
+
+    def solve_error():
+        raise ds.SolveError(np.array([1, 0, 4]))
+
+    def bad_parameter():
+        ds.inference.Parameter("k", lower=1.0, upper=0.5)
+
+    def bad_experiment():  # a plain ValueError raised by diffsoup's code
+        ds.Experiment("", [1.0], [1.0])
+
+    def ledger():
+        raise LedgerError(f"{tmp_path}/campaign.json: its checksum does not match")
+
+    def study_failed():
+        raise StudyFailedError("all 3 experiments failed: MAX_STEPS", {"MAX_STEPS": 3})
+
+    def denied():
+        raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
+
+    cases = [(solve_error, "SolveError: ds.simulate failed: 2 of 3 solve(s) did not succeed; MAX_STEPS: reached"),
+             (bad_parameter, "ParameterError: Parameter 'k': lower bound 1.0 is above the upper bound 0.5; swap"),
+             (bad_experiment, "Experiment id must be a non-empty string, not ''."),
+             (ledger, "LedgerError: "), (study_failed, "StudyFailedError: all 3 experiments failed: MAX_STEPS"),
+             (denied, f"PermissionError: [Errno 13] Permission denied: '{tmp_path / 'out'}'")]  # fmt: skip
+    for raise_it, words in cases:
+        code, err = failing(raise_it)
+        assert code == 1 and err.startswith(f"diffsoup check: {words}"), err
+        assert len(err.strip().splitlines()) == 1 and "DIFFSOUP_TRACEBACK" not in err, err
+    # an error from below diffsoup keeps the pointer to its traceback; a TypeError from below is a bug
+    code, err = failing(lambda: np.zeros(2).reshape(3))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "DIFFSOUP_TRACEBACK=1" in err
+    with pytest.raises(TypeError):
+        failing(lambda: np.zeros(2).reshape("x"))

@@ -340,3 +340,16 @@ def test_exact_hessian_matches_differences_and_auto_falls_back(one_chunk):
     assert auto.hessian_kind == "fd" and auto.chunk_sizes["hessian"] == [8]
     assert [row[3] for row in auto.search_log] == ["exact", "fd"]
     assert _rel(Ha, Hfd) < 1e-12
+
+
+def test_infinite_data_is_reported_as_inf_not_as_missing():
+    times = [0.5, 1.0]
+    with pytest.raises(ValueError, match=r"Experiment 'e7': data holds 4 non-finite value\(s\) \(Inf\), the first in "
+                       r"column 0 \(observable 0\) at times\[0\]=0.5") as info:  # fmt: skip
+        ds.Experiment("e7", times, np.full((2, 2), np.inf))
+    assert "NaN" not in str(info.value).split(";")[0]
+    with pytest.raises(ValueError, match=r"1 non-finite value\(s\) \(Inf\), the first in column 1 \(observable 1\) "
+                       r"at times\[1\]=1.0 \(data\[1, 1\] = -inf\)"):  # fmt: skip
+        ds.Experiment("e7", times, [[1.0, np.nan], [np.nan, -np.inf]])
+    with pytest.raises(ValueError, match=r"no measured value \(all NaN\)"):
+        ds.Experiment("e7", times, np.full((2, 2), np.nan))

@@ -218,7 +218,42 @@ def test_model_and_parameter_table_errors(tmp_path):
     assert err.field == "parameters[0].level" and err.line == line_of(text, 'level = "site"')
     text = HEAD.replace("upper = 10.0", "upper = 0.01") + EXPERIMENTS
     err = error_of(tmp_path, text)
-    assert err.field == "parameters[0]" and "swap them" in str(err)
+    assert err.field == "parameters[0].upper" and "swap them" in str(err)
+    assert err.line == line_of(text, "upper = 0.01")
+
+
+@pytest.mark.parametrize(
+    "old, new, key, words",
+    [
+        ("lower = 0.05", "lower = -0.05", "lower", "needs positive values"),
+        ("nominal = 0.5", "nominal = 50.0", "nominal", "nominal 50.0 lies outside"),
+        ("nominal = 0.5", "nominal = nan", "nominal", "must be a number, not nan"),
+        ("upper = 5.0", "upper = inf", "upper", "needs finite bounds"),
+        ("nominal = 0.5", "nominal = 0.0", "nominal", "needs positive values; nominal=0.0"),
+    ],
+)
+def test_parameter_bound_errors_point_at_the_key(tmp_path, old, new, key, words):
+    # the second [[parameters]] table (k2): its header and its keys are on different lines
+    split = HEAD.rindex("[[parameters]]")
+    text = HEAD[:split] + HEAD[split:].replace(old, new, 1) + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == f"parameters[1].{key}", str(err)
+    assert words in str(err)
+    assert err.line == line_of(text, new) and err.line != line_of(text, "[[parameters]]", 1)
+
+
+def test_parameter_nominal_defaults_to_the_midpoint_on_its_scale(tmp_path):
+    P = ds.inference.Parameter
+    assert P("k", lower=0.01, upper=100.0).nominal == pytest.approx(1.0, rel=1e-15)  # log10: geometric mean
+    assert P("k", lower=2.0, upper=8.0, scale="log").nominal == pytest.approx(4.0, rel=1e-15)
+    assert P("k", lower=-1.0, upper=3.0, scale="lin").nominal == 1.0
+    assert P("k", 0.3, 0.1, 10.0).nominal == 0.3  # DESIGN's positional order still holds
+    with pytest.raises(ValueError, match="give nominal=, or finite lower= and upper="):
+        P("k", lower=0.1, estimate=False)
+    # a study file may leave nominal out when it gives both bounds
+    text = HEAD.replace("name = \"k2\"\nnominal = 0.5\n", "name = \"k2\"\n") + EXPERIMENTS
+    k2 = load_study(write(tmp_path, text)).study.table["k2"]
+    assert k2.nominal == pytest.approx(np.sqrt(0.05 * 5.0), rel=1e-15)
 
 
 def test_format_line_is_required_and_versioned(tmp_path):
@@ -256,8 +291,62 @@ def test_demo_study_file_loads_and_recovers_its_truth(tmp_path):
 
     sf = load_study(write_demo_study(tmp_path, n_experiments=6))
     assert len(sf.study.experiments) == 6 and sf.observables["run00"] == ["S", "P", "bound"]
+    # one value per rate before the fit: the model's defaults are the parameter table's nominals
+    defaults = dict(zip(sf.study.problem.parameter_names, np.asarray(sf.study.problem.spec.parameter_defaults)))
+    assert defaults == {p.name: p.nominal for p in sf.study.parameters}
     low = sf.lower()
     theta_true = np.log10([TRUTH[n] for n in low.problem.theta_names])
     # the data are the truth plus sigma-scaled noise: chi2 per value at the truth is about 1
     r = low.residuals(theta_true)
     assert 0.5 < np.mean(r**2) < 1.6
+
+
+def observable_of(tmp_path, expression: str):
+    """The study file's observable ``scaled`` written as ``expression``, as a function of (y, p)."""
+    text = HEAD.replace('scaled = "2.5 * B + k2 * exp(-C)"', f'scaled = "{expression}"') + EXPERIMENTS
+    return load_study(write(tmp_path, text)).study.experiments[1].observables
+
+
+def test_observable_constants_are_floating_point(tmp_path):
+    # In integer arithmetic 10 ** 20 wraps around in int64 (6.05e18 times A instead of 7.79e19).
+    y, p = np.array([0.779, -0.4, 0.2]), {"k1": 1.0, "k2": 0.5}
+    cases = {"A * 10 ** 20": 0.779e20, "B * 2 ** -1": -0.2, "B ** 2 + 2 * 3 * A": 0.16 + 6 * 0.779,
+             "A * 10 ** 300": 0.779e300, "exp(2) * C / 4": np.exp(2.0) * 0.2 / 4, "B ** 3": -0.064}  # fmt: skip
+    for expression, expected in cases.items():
+        value = observable_of(tmp_path, expression)(y, p)[1]
+        assert value == pytest.approx(expected, rel=1e-14), expression
+
+
+@pytest.mark.parametrize(
+    "expression, words",
+    [
+        ("A * 10 ** 10 ** 10", "'10 ** 10 ** 10' overflows floating point"),
+        ("A * 1e999", "overflows floating point"),
+        ("A * 10.0 ** 301", "evaluates to 1e+301"),
+        ("A * exp(1000)", "'exp(1000)' overflows"),
+        ("A * 1" + "0" * 400, "overflows floating point"),
+        ("log(0) + A", "'log(0)' is not a finite real number"),
+        ("(-8) ** (1 / 3) * A", "is not a real number"),
+        ("A / (2 - 2)", "'A / (2 - 2)' divides by zero"),
+    ],
+)
+def test_observable_constants_out_of_range_name_the_line(tmp_path, expression, words):
+    import time
+
+    t0 = time.perf_counter()
+    text = HEAD.replace('scaled = "2.5 * B + k2 * exp(-C)"', f'scaled = "{expression}"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert time.perf_counter() - t0 < 30  # 10 ** 10 ** 10 in integers would not end
+    assert err.field == "observables.scaled" and err.line == line_of(text, "scaled = ")
+    assert words in str(err)
+
+
+@pytest.mark.parametrize("expression", ["-" * 300 + "A", "+".join(["A"] * 250), "+".join(["A"] * 20000),
+                                        "exp(" * 250 + "A" + ")" * 250])  # fmt: skip
+def test_deeply_nested_observables_are_refused_by_line(tmp_path, expression):
+    text = HEAD.replace('scaled = "2.5 * B + k2 * exp(-C)"', f'scaled = "{expression}"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "observables.scaled" and err.line == line_of(text, "scaled = ")
+    assert "nested" in str(err)
+    # a sum of 150 species-sized terms is still an observable
+    assert observable_of(tmp_path, "+".join(["A"] * 150))(np.array([0.5, 0.0, 0.0]), {"k2": 0.5})[1] == 75.0

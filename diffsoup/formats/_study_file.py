@@ -14,12 +14,16 @@ Paths are relative to the study file. Every error names the file, the line and t
     parameters = {k1 = 0.04, k2 = 3e7, k3 = 1e4}   # the model's default values
     y0 = {A = 1.0}                       # default initial state (unnamed species start at 0)
     # python = "model.py:make_model"     # ... or a function (file.py:name or package.module:name)
-    #                                    # returning a ProblemSpec, ReactionNetwork or Problem
+    #                                    # returning a ProblemSpec, ReactionNetwork or Problem;
+    #                                    # loading the file runs it: a study file with Python is
+    #                                    # code, like a script
     linear_solver = "auto"               # optional: auto, dense, klu, cudss
     precision = "fp64"                   # optional: fp64, fp32, fp32_factor, fp32_ir
 
     [observables]                        # optional: named expressions of species and model
-    total = "A + B + C"                  # parameters (+ - * / **, exp log log10 sqrt)
+    total = "A + B + C"                  # parameters (+ - * / **, exp log log10 sqrt abs);
+    #                                    # numbers are floats, constants at most 1e300, nesting
+    #                                    # at most 200 deep
 
     [solver]                             # optional: rtol, atol, max_steps, checkpoints
     rtol = 1e-8
@@ -37,7 +41,7 @@ Paths are relative to the study file. Every error names the file, the line and t
 
     [[parameters]]                       # one table per parameter row
     name = "k1"
-    nominal = 0.04
+    nominal = 0.04                       # optional with both bounds: their midpoint on the scale
     lower = 0.004
     upper = 0.4
     scale = "log10"                      # lin, log or log10 (default log10)
@@ -74,7 +78,7 @@ import importlib.util
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -82,7 +86,7 @@ from .._precision import Precision
 from ..inference import Experiment, Gaussian, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
 from ..inference._fit import METHODS
-from ..inference._study import EXPERIMENT_LEVEL, SCALES
+from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._data_files import DataTable, read_data_table
@@ -144,11 +148,17 @@ class StudyFile:
 # --------------------------------------------------------------------------------------------
 
 
-def load_study(path: Any) -> StudyFile:
+def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFile:
     """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation).
+
+    A study file whose ``[model]`` names ``python = "file.py:function"`` is code: loading it
+    imports that file (or module) and calls the function, as running a script would. Load only
+    study files you would run.
 
     Args:
         path: the study file.
+        log: called with one line before the file's Python code runs (the ``diffsoup`` command
+            prints it); None says nothing.
 
     Returns:
         A :class:`StudyFile`, holding the ``ds.Study`` and the file's solver and fit settings.
@@ -178,7 +188,7 @@ def load_study(path: Any) -> StudyFile:
         raise r.error(("format",), f"{fmt!r} is not a diffsoup study file format; write format = {FORMAT!r}")
     name = r.string(doc.get("name", path.stem), ("name",))
     levels = r.names(doc.get("levels", []), ("levels",))
-    problem = _model(r, r.table(doc.get("model", None) or _missing(r, "model"), ("model",)), path.parent)
+    problem = _model(r, r.table(doc.get("model", None) or _missing(r, "model"), ("model",)), path.parent, log)
     states = tuple(problem.state_names)
     model_parameters = tuple(problem.parameter_names)
     expressions = read_expressions(r, r.table(doc.get("observables", {}), ("observables",)), states, model_parameters)
@@ -224,7 +234,7 @@ def _locate(r: TomlReader, exc: Exception, index: Mapping[str, int]) -> StudyFil
     return r.error(("parameters",), str(exc)) if match else r.error((), str(exc))
 
 
-def _model(r: TomlReader, table: dict, base: Path):
+def _model(r: TomlReader, table: dict, base: Path, log: Callable[[str], Any] | None = None):
     """The built ``Problem`` of ``[model]``."""
     r.keys(table, MODEL_KEYS, ("model",))
     has_network, has_python = "reactions" in table or "species" in table, "python" in table
@@ -260,7 +270,7 @@ def _model(r: TomlReader, table: dict, base: Path):
         for key in ("parameters", "y0"):
             if key in table:
                 raise r.error(("model", key), "belongs to a reaction network; a python model sets its own")
-        spec = _python_model(r, r.string(table["python"], ("model", "python")), base)
+        spec = _python_model(r, r.string(table["python"], ("model", "python")), base, log)
     solver_name = r.string(table.get("linear_solver", "auto"), ("model", "linear_solver"), LINEAR_SOLVERS)
     precision_name = r.string(table.get("precision", "fp64"), ("model", "precision"), PRECISIONS)
     if isinstance(spec, Problem):
@@ -280,11 +290,13 @@ def _model(r: TomlReader, table: dict, base: Path):
         raise r.error(field, f"the model does not build: {exc}") from None
 
 
-def _python_model(r: TomlReader, target: str, base: Path):
+def _python_model(r: TomlReader, target: str, base: Path, log: Callable[[str], Any] | None = None):
     field = ("model", "python")
     if ":" not in target:
         raise r.error(field, f"{target!r} must read file.py:function or package.module:function")
     where, _, attr = target.rpartition(":")
+    if log is not None:
+        log(f"running Python code from {r.path}: {target} (a study file with Python is code, like a script)")
     if where.endswith(".py"):
         file = (base / where).resolve()
         if not file.is_file():
@@ -350,8 +362,8 @@ def _noise(r: TomlReader, table: Any, field: tuple):
 def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
     raw = r.table(raw, field)
     r.keys(raw, PARAMETER_KEYS, field)
-    if "name" not in raw or "nominal" not in raw:
-        raise r.error(field, "a parameter needs name and nominal (and lower, upper to be estimated)")
+    if "name" not in raw:
+        raise r.error(field, "a parameter needs name = ..., and nominal or lower and upper")
     values: dict[str, Any] = {"name": r.string(raw["name"], field + ("name",))}
     for key in ("nominal", "lower", "upper"):
         if key in raw:
@@ -367,8 +379,9 @@ def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
         r.known(values["level"], levels + [EXPERIMENT_LEVEL], field + ("level",), "level")
     try:
         return Parameter(**values)
-    except ValueError as exc:
-        raise r.error(field, str(exc)) from None
+    except ParameterError as exc:  # at the line of the key at fault, when the file has it
+        key = exc.key if exc.key in raw else None
+        raise r.error(field + ((key,) if key else ()), str(exc)) from None
 
 
 class _ExperimentContext:

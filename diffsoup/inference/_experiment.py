@@ -114,10 +114,15 @@ class Experiment:
                 f"{where}: data has shape {data.shape}; expected ({times.shape[0]}, k): one row per measurement "
                 "time, one column per observable."
             )
+        if np.any(np.isinf(data)):  # before the all-NaN check: all-Inf data is not "missing"
+            i, j = (int(v) for v in np.argwhere(np.isinf(data))[0])
+            raise ValueError(
+                f"{where}: data holds {int(np.sum(np.isinf(data)))} non-finite value(s) (Inf), the first in column {j} "
+                f"(observable {j}) at times[{i}]={times[i]} (data[{i}, {j}] = {data[i, j]}); measured values must be "
+                "finite (use NaN for a missing value)."
+            )
         if data.shape[1] == 0 or not np.any(np.isfinite(data)):
             raise ValueError(f"{where}: data holds no measured value (all NaN); an experiment needs data.")
-        if np.any(np.isinf(data)):
-            raise ValueError(f"{where}: data holds infinite values; use NaN for missing values.")
         self.data = data
         if observables is not None and not callable(observables):
             raise TypeError(f"{where}: observables must be a function observables(y, p) -> (k,), or None.")

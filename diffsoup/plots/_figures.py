@@ -51,7 +51,7 @@ def plot_fits(study: Any, predictions: Mapping[str, dict], path: Any, *, observa
             else:
                 ax.plot(p["times"], p["observables"][:, j], color=c, lw=1.4, label=names[j])
             ax.plot(e.times, e.data[:, j], "o", color=c, ms=3.5, mfc="white")
-        status = "" if int(p["status"]) == 0 else f" (solve failed: status {int(p['status'])})"
+        status = "" if int(p["status"]) == 0 else f" (solve failed: {_status_name(p['status'])})"
         ax.set_title(f"{e.id}{status}", fontsize=9, color="black" if not status else "red")
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(shown):]:
@@ -65,31 +65,63 @@ def plot_fits(study: Any, predictions: Mapping[str, dict], path: Any, *, observa
     return _save(fig, path, plt)
 
 
+def _status_name(code: Any) -> str:
+    from ..integrate import Status
+
+    try:
+        return Status(int(code)).name
+    except ValueError:
+        return f"status {int(code)}"
+
+
+# Starts within this of the best objective reached the same optimum (to the objective's noise).
+SAME_OPTIMUM = 0.1
+
+
 def plot_waterfall(objectives: Sequence[float], path: Any, *, title: str | None = None) -> Path:
     """The multistart waterfall: the starts' final objectives, sorted, relative to the best.
 
     Starts within 0.1 of the best (the same optimum, to the objective's noise) are drawn filled;
-    failed starts (infinite objective) are counted in the title.
+    failed starts (infinite objective) are counted in the title. The axis is logarithmic in
+    ``objective - best + 1`` when the objectives span a decade or more, else linear in
+    ``objective - best`` (when every start agrees a log axis would read 10^0 at every tick).
 
     Returns:
         The PNG's path.
     """
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
     plt = _pyplot()
     values = np.asarray(objectives, dtype=np.float64)
     finite = np.sort(values[np.isfinite(values)])
     failed = int(values.size - finite.size)
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ylabel = "objective - best"
     if finite.size:
         gap = finite - finite[0]
-        best = gap <= 0.1
+        best = gap <= SAME_OPTIMUM
+        logarithmic = gap[-1] >= 9.0  # objective - best + 1 spans at least a decade
+        y = gap + 1.0 if logarithmic else gap
         x = np.arange(1, finite.size + 1)
-        ax.plot(x, gap + 1.0, color="0.6", lw=1)
-        ax.plot(x[best], gap[best] + 1.0, "o", color="tab:blue", label=f"{int(best.sum())} at the best optimum")
-        ax.plot(x[~best], gap[~best] + 1.0, "o", color="tab:blue", mfc="white", label="other optima")
-        ax.set_yscale("log")
+        ax.plot(x, y, color="0.6", lw=1)
+        ax.plot(x[best], y[best], "o", color="tab:blue", label=f"{int(best.sum())} at the best optimum")
+        if not best.all():
+            ax.plot(x[~best], y[~best], "o", color="tab:blue", mfc="white", label="other optima")
+        if logarithmic:
+            ax.set_yscale("log")
+            ylabel = "objective - best + 1"
+        else:
+            formatter = ScalarFormatter(useOffset=False)
+            formatter.set_powerlimits((-3, 4))
+            ax.yaxis.set_major_formatter(formatter)
+            top = max(float(gap[-1]), SAME_OPTIMUM)  # starts that agree sit on 0, on a readable scale
+            ax.set_ylim(-0.1 * top, 1.15 * top)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0.5, x.size + 0.5)
         ax.legend(fontsize=8, frameon=False)
+        ylabel += f"\n(best = {finite[0]:.8g})"
     ax.set_xlabel("start, sorted by final objective")
-    ax.set_ylabel("objective - best + 1")
+    ax.set_ylabel(ylabel)
     extra = f"; {failed} failed" if failed else ""
     ax.set_title((title or "multistart waterfall") + f" ({values.size} starts{extra})", fontsize=10)
     fig.tight_layout()

@@ -3,6 +3,7 @@ over a Dask cluster's workers with ``ds.distributed.run``), a campaign of fit st
 ``checkpointed_map`` task per start, resumable from its JSON ledger), and a simulation; each writes
 a Zarr store, a JSON summary and PNG plots into an output directory."""
 
+from ._study_runs import StudyFailedError as StudyFailedError
 from ._study_runs import campaign_study as campaign_study
 from ._study_runs import fit_study as fit_study
 from ._study_runs import simulate_study as simulate_study

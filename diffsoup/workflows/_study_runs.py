@@ -8,6 +8,10 @@ Output directory layout (each command writes its own files; reruns replace them)
     <out>/campaign.json      campaign: the JSON ledger of the starts (a rerun resumes from it)
     <out>/plots/fits.png     each experiment's model against its data
     <out>/plots/waterfall.png, <out>/plots/estimates.png   fit / campaign
+
+The paths in ``summary.json`` are relative to ``<out>``, so the directory can move as a whole. A
+study whose every experiment fails to solve raises :class:`StudyFailedError` (after writing what
+it can), naming the statuses and what to change in the study file.
 """
 
 from __future__ import annotations
@@ -48,6 +52,74 @@ def _status_counts(predictions: Mapping[str, dict]) -> dict[str, int]:
     return dict(Counter(Status(int(p["status"])).name for p in predictions.values()))
 
 
+class StudyFailedError(RuntimeError):
+    """Every experiment of a study failed to solve (a ``ds.Status`` other than SUCCESS), so there
+    is nothing to fit or show; the message names the statuses and the remedy.
+
+    Attributes:
+        status: status name -> number of experiments.
+        summary: the summary written to ``<out>/summary.json`` (None when nothing was written).
+    """
+
+    def __init__(self, message: str, status: Mapping[str, int], summary: dict | None = None):
+        super().__init__(message)
+        self.status, self.summary = dict(status), summary
+
+
+# What to change in the study file, by status (the Status messages speak of keyword arguments).
+_REMEDIES = {
+    "MAX_STEPS": "raise [solver] max_steps (now {max_steps}) or loosen rtol/atol",
+    "STEP_TOO_SMALL": "loosen [solver] rtol/atol (now {rtol:g}/{atol:g}) or check the model where it fails",
+    "NONFINITE_STATE": "the solution blows up: check the model, y0 and the parameter values and bounds",
+    "LINEAR_SOLVE_FAILED": 'W = I/(h gamma) - J is singular or float32 refinement stalled: set [model] precision = '
+                           '"fp64" or check the model\'s Jacobian',
+}  # fmt: skip
+
+
+def failure_report(sf: Any, status: Mapping[str, int], where: str = "") -> str | None:
+    """One line on the experiments that failed (``status``: name -> count), with the remedy for
+    each status; None when every experiment succeeded."""
+    failed = {k: v for k, v in status.items() if k != "SUCCESS"}
+    if not failed:
+        return None
+    n, bad = sum(status.values()), sum(failed.values())
+    head = f"all {n} experiments failed{where}" if bad == n else f"{bad} of {n} experiments failed{where}"
+    options = {"max_steps": sf.solver.max_steps, "rtol": sf.solver.rtol, "atol": sf.solver.atol}
+    remedies = "; ".join(_REMEDIES.get(k, "see ds.Status").format(**options) for k in failed)
+    names = ", ".join(k if len(failed) == 1 else f"{k} ({v})" for k, v in failed.items())
+    return f"{head}: {names} -- {remedies} (in {sf.path})"
+
+
+def _check_status(sf: Any, status: Mapping[str, int], where: str, log: Callable, summary: dict | None) -> None:
+    """Raise :class:`StudyFailedError` when every experiment failed; log a line when some did."""
+    report = failure_report(sf, status, where)
+    if report is None:
+        return
+    if status.get("SUCCESS", 0) == 0:
+        raise StudyFailedError(report, status, summary)
+    log(f"[diffsoup] warning: {report}")
+
+
+def _explain_failed_fit(sf: Any, exc: RuntimeError, *, solve_failures: bool = False) -> None:
+    """A fit whose every start failed: when every experiment also fails at the nominal values
+    (a solver setting, not the starts, is at fault), raise :class:`StudyFailedError` naming
+    the statuses; otherwise return (the caller re-raises ``exc``)."""
+    if not (solve_failures or str(exc).startswith("fit: every start failed")):  # FitResult.from_starts
+        return
+    from ..inference import InferenceProblem
+
+    problem = InferenceProblem(sf.study, objective=sf.fit["objective"], solver=sf.solver)
+    status = _status_counts(problem.predict(problem.nominal))
+    if status.get("SUCCESS", 0) == 0:
+        raise StudyFailedError(f"{str(exc).rstrip('.')}: {failure_report(sf, status, ' at the nominal values')}",
+                               status) from exc  # fmt: skip
+
+
+def _relative(path: Path, out: Path) -> str:
+    """``path`` relative to the output directory (summary.json moves with its directory)."""
+    return os.path.relpath(Path(path).resolve(), Path(out).resolve())
+
+
 def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, plots: bool, log: Callable,
                 extra: Mapping[str, Any]) -> dict:  # fmt: skip
     """Write the fit's store, plots and summary; return the summary."""
@@ -80,7 +152,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
         for eid, name, count in s.failures:
             failures[f"{eid}:{name}"] += count
     summary = {
-        "format": SUMMARY_FORMAT, "command": command, "study": sf.name, "study_file": str(sf.path.resolve()),
+        "format": SUMMARY_FORMAT, "command": command, "study": sf.name, "study_file": _relative(sf.path, out),
         "experiments": len(sf.study.experiments), "objective": float(result.objective),
         "parameters": {k: float(v) for k, v in result.parameters.items()},
         "standard_errors": {k: float(result.standard_errors[k]) for k in result.parameters},
@@ -91,9 +163,10 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
                    "best": int(result.best), "message": result.message},
         "evaluations": int(result.n_evaluations), "seconds": round(float(result.seconds), 3),
         "experiment_status": _status_counts(predictions), "failed_solves_during_fit": dict(failures),
-        "results": str(store.resolve()), "plots": [str(p.resolve()) for p in pictures], **extra,
+        "results": _relative(store, out), "plots": [_relative(p, out) for p in pictures], **extra,
     }  # fmt: skip
     write_summary(out / "summary.json", summary)
+    _check_status(sf, summary["experiment_status"], " at the estimate", log, summary)
     return summary
 
 
@@ -114,7 +187,11 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         log: where progress lines go.
 
     Returns:
-        The summary (also written to ``<out>/summary.json``).
+        The summary (also written to ``<out>/summary.json``; its paths are relative to ``out``).
+
+    Raises:
+        StudyFailedError: when every experiment fails to solve (at every start and at the
+            nominal values, or at the estimate), naming the statuses and the remedy.
     """
     from ..inference import fit
 
@@ -131,7 +208,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
                        max_nfev=settings["max_nfev"], progress=progress)  # fmt: skip
     if client is None:
         lowered = sf.lower()
-        result = fit(lowered, **fit_options)
+        result = _fit_or_explain(sf, fit, lowered, fit_options)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
     from ..distributed import run
 
@@ -139,9 +216,17 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         if getattr(lowered, "dashboard", None):
             log(f"[diffsoup] Dask dashboard: {lowered.dashboard}/status (studies: {lowered.dashboard}/diffsoup/studies.json)")
             extra["dashboard"] = lowered.dashboard
-        result = fit(lowered, **fit_options)
+        result = _fit_or_explain(sf, fit, lowered, fit_options)
         extra["wall_seconds"] = round(time.perf_counter() - start, 3)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
+
+
+def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, Any]):
+    try:
+        return fit(lowered, **options)
+    except RuntimeError as exc:
+        _explain_failed_fit(sf, exc)
+        raise
 
 
 def _settings(sf: Any, method, starts, seed, max_nfev) -> dict:
@@ -231,6 +316,10 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
         resumed from the ledger, window-start solves done in this run (here and by its tasks; 0
         when every window start came from the shared store), and the SLURM jobs that ran tasks.
+        Its paths are relative to ``out``.
+
+    Raises:
+        StudyFailedError: as for :func:`fit_study`.
     """
     from ..distributed import checkpointed_map
     from ..inference import FitResult, StartResult, window_solves
@@ -268,9 +357,12 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     earlier = {r.task_id for r in done if r.finished and datetime.fromisoformat(r.finished) < began}
     log(f"[diffsoup] campaign: {len(campaign.results)} of {len(items)} starts finished, "
         f"{len(campaign.failures)} failed")  # fmt: skip
-    if not campaign.results:
-        raise RuntimeError(f"campaign: every start failed; see {ledger} (first: "
+    if not campaign.results:  # every task raised
+        exc = RuntimeError(f"campaign: every start failed; see {ledger} (first: "
                            f"{next(iter(campaign.failures.values())).error if campaign.failures else 'none'}).")  # fmt: skip
+        if campaign.failures and all("fit: every start failed" in str(r.error) for r in campaign.failures.values()):
+            _explain_failed_fit(sf, exc, solve_failures=True)  # each start's solves failed, not the cluster
+        raise exc
     results = []
     for item in items:
         r = campaign.results.get(item["task_id"])
@@ -280,7 +372,11 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
                                    str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
                                    float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
-    result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds)
+    try:
+        result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds)
+    except RuntimeError as exc:
+        _explain_failed_fit(sf, exc)
+        raise
     fresh = [r.result for r in done if r.task_id not in earlier]
     solves = window_solves() - solves_before + sum(int(r.get("window_solves", 0)) for r in fresh)
     if any(e.trajectory is not None for e in sf.study.experiments):
@@ -289,7 +385,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     extra = {
         "where": _describe(client) if client is not None else "in-process",
         "campaign": {
-            "ledger": str(ledger.resolve()), "tasks": len(items), "accepted": len(done),
+            "ledger": _relative(ledger, out), "tasks": len(items), "accepted": len(done),
             "failed": len(campaign.failures), "resumed": len(earlier),
             "window_solves": int(solves),
             "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
@@ -310,17 +406,20 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
     write ``<out>/simulation.zarr``, ``<out>/summary.json`` and ``<out>/plots/fits.png``.
 
     Raises:
-        ValueError: for a name in ``parameters`` that is not a study parameter.
+        ValueError: for a name in ``parameters`` that is not a study parameter, or a ``from_fit``
+            that is not a result store.
+        FileNotFoundError: for a ``from_fit`` store that does not exist.
+        StudyFailedError: when every experiment failed to solve (after writing the outputs).
     """
     from ..inference import InferenceProblem
-    from ..store import read_fit, write_simulation, write_summary
+    from ..store import write_simulation, write_summary
 
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     values: dict[str, float] = {}
     if from_fit is not None:
-        values.update(read_fit(from_fit)["attrs"]["parameters"])
+        values.update(_fit_parameters(from_fit))
     values.update(parameters or {})
     known = {e.name for e in sf.study.entries} | {p.name for p in sf.study.parameters}
     unknown = sorted(set(values) - known)
@@ -341,10 +440,33 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
         pictures.append(plot_fits(sf.study, predictions, out / "plots" / "fits.png", observables=sf.observables,
                                   title=f"{sf.name}: simulation (lines) and data (dots)"))  # fmt: skip
     summary = {
-        "format": SUMMARY_FORMAT, "command": "simulate", "study": sf.name, "study_file": str(sf.path.resolve()),
+        "format": SUMMARY_FORMAT, "command": "simulate", "study": sf.name, "study_file": _relative(sf.path, out),
         "experiments": len(sf.study.experiments), "parameters": used, "seconds": round(seconds, 3),
-        "experiment_status": _status_counts(predictions), "results": str(store.resolve()),
-        "plots": [str(p.resolve()) for p in pictures],
+        "experiment_status": _status_counts(predictions), "results": _relative(store, out),
+        "plots": [_relative(p, out) for p in pictures],
     }  # fmt: skip
     write_summary(out / "summary.json", summary)
+    _check_status(sf, summary["experiment_status"], "", log, summary)
     return summary
+
+
+def _fit_parameters(store: Any) -> dict[str, float]:
+    """The estimates held by a fit's (or a simulation's) result store.
+
+    Raises:
+        FileNotFoundError: naming the path, when there is nothing there.
+        ValueError: naming the path, when it is not a diffsoup result store.
+    """
+    from ..store import read_fit
+
+    path = Path(store)
+    if not path.exists():
+        raise FileNotFoundError(f"--from-fit: {store} not found; give the results.zarr that 'diffsoup fit' or "
+                                "'diffsoup campaign' wrote into its output directory")  # fmt: skip
+    try:
+        return dict(read_fit(path)["attrs"]["parameters"])
+    except Exception as exc:  # noqa: BLE001 (zarr's errors for what is not a store vary by version)
+        if str(exc).startswith("read_fit:"):  # a store, but not a complete diffsoup result: it says so
+            raise
+        raise ValueError(f"--from-fit: {store} is not a diffsoup result store ({type(exc).__name__}: {exc}); give "
+                         "the results.zarr of a fit or campaign") from None  # fmt: skip
