@@ -64,22 +64,6 @@ ALLOWED_UPWARD: dict[tuple[str, str, str], str] = {
         "any WindowCache can be passed as window_store=",
 }
 
-# Violations in modules other changes of issue 17 are fixing (strict xfails below say when they
-# are gone: then delete the entry).
-KNOWN_CYCLES: dict[frozenset, str] = {
-    frozenset({"diffsoup.integrate._simulate", "diffsoup.integrate._adjoint"}): "integrator interfaces (item 1)",
-}
-KNOWN_ENVIRONMENT_READS: dict[tuple[str, str], str] = {
-    ("diffsoup.linear._cudss", "DIFFSOUP_CUDSS_CHECK_INFO"): "cuDSS settings (item 5)",
-    ("diffsoup.linear._cudss_build", "DIFFSOUP_CACHE_DIR"): "cuDSS build cache (item 5)",
-    ("diffsoup.linear._cudss_build", "DIFFSOUP_CUDSS_NVCC_FLAGS"): "cuDSS build flags (item 5)",
-}
-KNOWN_PRIVATE_JAX: dict[str, str] = {
-}
-
-KNOWN_HAND_WRITTEN_GETATTR: dict[str, str] = {
-}
-
 DASK = ("dask", "distributed", "dask_jobqueue")
 # Modules allowed to import a module whose name they compute (user code named in a study file).
 DYNAMIC_IMPORTS = {"diffsoup._lazy", "diffsoup.formats._study_file"}
@@ -357,14 +341,8 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_cycles_between_modules(sources):
-    cycles = [sorted(c) for c in _cycles(sources) if c not in KNOWN_CYCLES]
+    cycles = [sorted(c) for c in _cycles(sources)]
     assert cycles == [], f"import cycles (each a strongly connected component): {cycles}"
-
-
-@pytest.mark.parametrize("cycle", sorted(KNOWN_CYCLES, key=sorted), ids=lambda c: "+".join(sorted(c)))
-@pytest.mark.xfail(strict=True, reason="a known cycle owned by another change: delete it from KNOWN_CYCLES once gone")
-def test_known_cycle_is_gone(sources, cycle):
-    assert cycle not in _cycles(sources)
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one(sources):
@@ -386,14 +364,8 @@ def test_only_the_lazy_mechanism_imports_computed_names(sources):
 
 
 def test_packages_defer_imports_through_the_one_lazy_mechanism(sources):
-    hand_written = sorted(m for m, s in sources.items() if s.module_getattr and m not in KNOWN_HAND_WRITTEN_GETATTR)
+    hand_written = sorted(m for m, s in sources.items() if s.module_getattr)
     assert hand_written == [], "define __getattr__ with diffsoup._lazy.lazy_attributes"
-
-
-@pytest.mark.parametrize("module", sorted(KNOWN_HAND_WRITTEN_GETATTR))
-@pytest.mark.xfail(strict=True, reason="a known hand-written __getattr__ owned by another change: delete it once gone")
-def test_known_hand_written_getattr_is_gone(sources, module):
-    assert not sources[module].module_getattr
 
 
 def test_dask_only_in_the_execution_layer_and_zarr_only_in_the_stores(sources):
@@ -409,23 +381,11 @@ def _private_jax(sources) -> set[str]:
 
 
 def test_only_the_key_value_module_imports_jax_private_code(sources):
-    assert sorted(_private_jax(sources) - set(KNOWN_PRIVATE_JAX)) == ["diffsoup.distributed._kv"]
-
-
-@pytest.mark.parametrize("module", sorted(KNOWN_PRIVATE_JAX))
-@pytest.mark.xfail(strict=True, reason="a known jax._src import owned by another change: delete it once gone")
-def test_known_private_jax_import_is_gone(sources, module):
-    assert module not in _private_jax(sources)
+    assert sorted(_private_jax(sources)) == ["diffsoup.distributed._kv"]
 
 
 def test_diffsoup_environment_variables_are_read_only_by_settings(sources):
-    assert sorted(_environment_reads(sources) - set(KNOWN_ENVIRONMENT_READS)) == []
-
-
-@pytest.mark.parametrize("read", sorted(KNOWN_ENVIRONMENT_READS), ids=":".join)
-@pytest.mark.xfail(strict=True, reason="a known environment read owned by another change: delete it once gone")
-def test_known_environment_read_is_gone(sources, read):
-    assert read not in _environment_reads(sources)
+    assert sorted(_environment_reads(sources)) == []
 
 
 # ------------------------------------------------------------------------------------------------

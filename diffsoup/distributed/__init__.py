@@ -13,6 +13,7 @@ that run on a cluster (``_run`` imports it when ``run`` is called).
 
 from ._campaign import DEFAULT_NO_WORKER_TIMEOUT as DEFAULT_NO_WORKER_TIMEOUT
 from ._campaign import checkpointed_map as checkpointed_map
+from ._clusters import ClusterConnectionError as ClusterConnectionError
 from ._clusters import cluster_client as cluster_client
 from ._clusters import embedded_cluster as embedded_cluster
 from ._clusters import slurm_cluster as slurm_cluster
