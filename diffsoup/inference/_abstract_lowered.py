@@ -159,7 +159,9 @@ class AbstractLoweredStudy(abc.ABC):
         return float(self.evaluate("value", theta).value)
 
     def value_and_grad(self, theta) -> tuple[float, np.ndarray]:
-        """The objective and its gradient (checkpointed adjoint) at ``theta``."""
+        """The objective and its gradient at ``theta`` (exact derivatives of the discrete solves: forward
+        sensitivities or the checkpointed adjoint, as the implementation chose; ``ds.lower``'s
+        ``gradient=``)."""
         part = self.evaluate("value_and_grad", theta)
         return float(part.value), np.asarray(part.grad)
 

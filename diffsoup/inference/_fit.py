@@ -3,7 +3,7 @@
 ``method="trf"``: ``scipy.optimize.least_squares`` (trust region reflective, with the bounds) on the
 residuals and their Jacobian by forward sensitivities (one ``residuals_and_jacobian`` evaluation per
 trial point, the Jacobian kept for the ``jac`` call at the same point).
-``method="lbfgsb"``: ``scipy.optimize.minimize(method="L-BFGS-B")`` on the value and its adjoint
+``method="lbfgsb"``: ``scipy.optimize.minimize(method="L-BFGS-B")`` on the value and its exact
 gradient. Starts are Latin hypercube samples within the bounds (``scipy.stats.qmc``), in the
 parameters' scaled coordinates.
 
@@ -173,7 +173,7 @@ def fit(
         target: a lowered study (``ds.lower``'s, or the one ``ds.distributed.run`` yields: any
             ``AbstractLoweredStudy``), or an inference problem / study (lowered with defaults).
         method: ``"trf"`` (least squares on residuals and forward-sensitivity Jacobians, bounded)
-            or ``"lbfgsb"`` (value and adjoint gradient, bounded).
+            or ``"lbfgsb"`` (value and gradient, bounded).
         starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
             of start points (scaled). Window starts of multiple-shooting experiments (and any
             other coordinate without finite bounds) are not sampled: every start takes their

@@ -9,12 +9,20 @@ vmapped, ``lanes`` of them per chunk. Each evaluation mode has its own program:
 mode           program (per chunk)                             derivative
 ============== =============================================== ================================
 value          sum of the experiments' terms                   none (forward solve)
-value_and_grad value and gradient                              checkpointed adjoint (reverse)
+value_and_grad value and gradient                              forward sensitivities (jacfwd) up
+                                                               to 16 entries of theta, else the
+                                                               checkpointed adjoint (reverse)
 residuals      the residuals                                   none
 jacobian       residuals and their Jacobian                    forward sensitivities (jacfwd)
 hessian        ``"exact"``: jacfwd of the gradient (HVPs);      forward over reverse, or
                ``"fd"``: the gradient program, differenced      central differences of gradients
 ============== =============================================== ================================
+
+The compiled programs take the problem's numbers -- tolerances, step budget, fixed parameter values
+(:class:`~diffsoup.inference._problem.TermOperands`) -- as arguments, not constants. A program is a
+function of its :class:`ProgramKey` alone (:func:`chunk_function` builds it from the key's fields),
+and the process keeps its recent programs by key: lowering the same study again with another
+``SolverOptions(rtol=...)``, ``max_steps`` or ``values`` traces and compiles nothing.
 
 A mode's chunk size is chosen the first time the mode is used (or by :meth:`LoweredStudy.compile`):
 starting from ``chunk_size`` (default 256 experiments) the program is lowered and compiled, its
@@ -46,6 +54,7 @@ in lock-step), so balancing evens the step totals without shortening the evaluat
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -64,12 +73,18 @@ from ._parts import (
     ResidualsPart,
     ValuePart,
 )
-from ._problem import InferenceProblem, SolverOptions
+from ._problem import InferenceProblem, LaneTerms, SolverOptions
 from ._study import Study
 
 # The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
 HESSIANS = ("auto", "exact", "fd")
+GRADIENTS = ("auto", "adjoint", "forward")
+# gradient="auto": forward sensitivities up to this many entries of theta, the adjoint above. Forward
+# mode carries one tangent per entry through every step (their solves reuse the step's factors); the
+# adjoint costs a replay and a reverse step per step whatever theta's size, and its program (a second
+# loop and a step differentiated to second order) takes about twice as long to compile.
+FORWARD_GRADIENT_MAX_THETA = 16
 DEFAULT_CHUNK = 256
 BFC_BLOCK_CAP = 3.5e9
 CPU_BLOCK_CAP = 2**31
@@ -109,6 +124,134 @@ def default_block_limit(device: Any = None) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProgramKey:
+    """Everything a compiled chunk program is a function of: :func:`chunk_function` builds it from
+    these fields alone, so two studies with equal keys run the same program.
+
+    Attributes:
+        kind: ``"value"``, ``"value_and_grad"`` (the adjoint's gradient), ``"forward_gradient"``,
+            ``"residuals"``, ``"jacobian"`` or ``"exact"`` (the exact Hessian).
+        terms: the group's :class:`~diffsoup.inference._problem.LaneTerms` (problem, group,
+            objective scale, estimated entries and their scales, adjoint checkpoints).
+        lanes: experiments per device per chunk.
+        mesh: the mesh split over its ``"data"`` axis, or None for one device.
+        platform: the default device and the x64 flag the program was traced under.
+    """
+
+    kind: str
+    terms: LaneTerms
+    lanes: int
+    mesh: Any
+    platform: tuple
+
+
+# The process's compiled chunk programs, most recently used last: lowering a study again with other
+# tolerances, step budget or fixed values (operands, not constants, of the programs) reuses them.
+# Bounded, so that programs of studies no longer used do not accumulate; a live LoweredStudy keeps
+# its own programs whatever this holds.
+PROGRAM_CACHE_SIZE = 32
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+
+
+def _cached_program(key: ProgramKey):
+    hit = _PROGRAMS.get(key)
+    if hit is not None:
+        _PROGRAMS.move_to_end(key)
+    return hit
+
+
+def _remember_program(key: ProgramKey, program) -> None:
+    _PROGRAMS[key] = program
+    _PROGRAMS.move_to_end(key)
+    while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+        _PROGRAMS.popitem(last=False)
+
+
+def clear_program_cache() -> None:
+    """Forget the process's compiled chunk programs (live lowered studies keep theirs)."""
+    _PROGRAMS.clear()
+
+
+def _platform_signature() -> tuple:
+    import jax
+
+    return (str(jax.config.jax_default_device), jax.default_backend(), bool(jax.config.jax_enable_x64))
+
+
+def chunk_function(key: ProgramKey):
+    """The chunk program of ``key``: ``(theta, arrays, operands) -> outputs`` (see the module's
+    table), a function of the key's fields only (the :class:`TermOperands` are arguments)."""
+    import jax
+    import jax.numpy as jnp
+
+    terms, kind, mesh = key.terms, key.kind, key.mesh
+    sharded = mesh is not None
+
+    def reduce(x):
+        return jax.lax.psum(x, "data") if sharded else x
+
+    def lanes(theta, arrs, ops, *, forward, residuals):
+        full = terms.full_vector(theta, ops)
+        return jax.vmap(
+            lambda a: terms.lane(ops, full, a, forward=forward, residuals=residuals, theta=theta)
+        )(arrs)
+
+    def total(theta, arrs, ops):
+        v, st, steps = lanes(theta, arrs, ops, forward=False, residuals=False)
+        return jnp.sum(v), (st, steps)
+
+    def resid(theta, arrs, ops):
+        r, st, steps = lanes(theta, arrs, ops, forward=True, residuals=True)
+        return r, (r, st, steps)
+
+    if kind == "value":
+        def local(theta, arrs, ops):
+            v, st, steps = lanes(theta, arrs, ops, forward=True, residuals=False)
+            return reduce(jnp.sum(v)), st, steps
+        specs = ("sum", "lane", "lane")
+    elif kind == "value_and_grad":
+        def local(theta, arrs, ops):
+            (v, (st, steps)), g = jax.value_and_grad(total, has_aux=True)(theta, arrs, ops)
+            return reduce(v), reduce(g), st, steps
+        specs = ("sum", "sum", "lane", "lane")
+    elif kind == "forward_gradient":
+        def total_forward(theta, arrs, ops):
+            v, st, steps = lanes(theta, arrs, ops, forward=True, residuals=False)
+            v = jnp.sum(v)
+            return v, (v, st, steps)
+
+        def local(theta, arrs, ops):
+            g, (v, st, steps) = jax.jacfwd(total_forward, has_aux=True)(theta, arrs, ops)
+            return reduce(v), reduce(g), st, steps
+        specs = ("sum", "sum", "lane", "lane")
+    elif kind == "residuals":
+        def local(theta, arrs, ops):
+            return lanes(theta, arrs, ops, forward=True, residuals=True)
+        specs = ("lane", "lane", "lane")
+    elif kind == "jacobian":
+        def local(theta, arrs, ops):
+            J, (r, st, steps) = jax.jacfwd(resid, has_aux=True)(theta, arrs, ops)
+            return r, J, st, steps
+        specs = ("lane", "lane", "lane", "lane")
+    elif kind == "exact":
+        def grad_fn(theta, arrs, ops):
+            return jax.grad(total, has_aux=True)(theta, arrs, ops)
+
+        def local(theta, arrs, ops):
+            H, (st, steps) = jax.jacfwd(grad_fn, has_aux=True)(theta, arrs, ops)
+            return reduce(H), st, steps
+        specs = ("sum", "lane", "lane")
+    else:  # pragma: no cover (internal)
+        raise ValueError(kind)
+    if not sharded:
+        return local
+    from jax.sharding import PartitionSpec as P
+
+    out_specs = tuple(P() if s == "sum" else P("data") for s in specs)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=out_specs, check_vma=False)
+
+
+@dataclasses.dataclass(frozen=True)
 class Program:
     """A compiled chunk program: ``lanes`` experiments per device per chunk, its scratch bytes."""
 
@@ -125,7 +268,7 @@ class LoweredStudy(AbstractLoweredStudy):
 
     Args:
         problem: the :class:`InferenceProblem`.
-        layout, hessian, chunk_size, block_limit_bytes, fd_step: as for :func:`lower`.
+        layout, hessian, chunk_size, block_limit_bytes, fd_step, gradient: as for :func:`lower`.
         experiments: study indices or ids of the experiments to evaluate (None: all).
         share_programs_with: a lowered study of the same problem and layout whose compiled programs
             this one reuses and adds to (what :meth:`restrict` passes).
@@ -137,6 +280,8 @@ class LoweredStudy(AbstractLoweredStudy):
         groups: the problem's groups that hold experiments of this study.
         block_limit_bytes: the scratch limit per program.
         hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
+        gradient_mode: ``"auto"``, ``"adjoint"`` or ``"forward"`` as asked; ``gradient_kind`` what
+            ``value_and_grad`` (and differenced Hessians) use.
         search_log: ``(mode, group, lanes, kind, scratch_bytes, fits)`` of every program compiled
             while choosing chunk sizes.
     """
@@ -150,6 +295,7 @@ class LoweredStudy(AbstractLoweredStudy):
         chunk_size: int | None = None,
         block_limit_bytes: float | None = None,
         fd_step: float = 1e-3,
+        gradient: str = "auto",
         experiments: Sequence[int | str] | None = None,
         share_programs_with: "LoweredStudy | None" = None,
     ):
@@ -159,6 +305,8 @@ class LoweredStudy(AbstractLoweredStudy):
 
         if hessian not in HESSIANS:
             raise ValueError(f"lower: hessian={hessian!r} must be one of {HESSIANS}.")
+        if gradient not in GRADIENTS:
+            raise ValueError(f"lower: gradient={gradient!r} must be one of {GRADIENTS}.")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"lower: chunk_size={chunk_size!r} must be a positive integer (experiments per chunk).")
         if block_limit_bytes is not None and not (float(block_limit_bytes) > 0):
@@ -175,6 +323,10 @@ class LoweredStudy(AbstractLoweredStudy):
         super().__init__(problem, experiments)
         self.layout = layout
         self.hessian_mode = hessian
+        self.gradient_mode = gradient
+        self.gradient_kind = gradient if gradient != "auto" else (
+            "forward" if problem.n_theta <= FORWARD_GRADIENT_MAX_THETA else "adjoint"
+        )
         self.hessian_kind: str | None = None if hessian == "auto" else hessian
         self.chunk_size = chunk_size or DEFAULT_CHUNK
         self.fd_step = float(fd_step)
@@ -197,10 +349,10 @@ class LoweredStudy(AbstractLoweredStudy):
         self._group_index = group_index  # each group's index in problem.groups
         self.search_log: list = []
         self._programs: dict = {}
-        # (program kind, problem group, lanes) -> (compiled, scratch bytes), shared by restrictions.
+        # ProgramKey -> (compiled, scratch bytes), shared by restrictions (beside the process's cache).
         self._compiled: dict = other._compiled if other is not None else {}
         self._chunks: dict = {}
-        self._fns: dict = {}
+        self._device_operands = None
         D = self.n_devices
         self._blocks = []
         for mine in members:
@@ -230,8 +382,8 @@ class LoweredStudy(AbstractLoweredStudy):
             ids = [self.problem.study.experiments[i].id for i in outside]
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
         return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
-                            block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step, experiments=chosen,
-                            share_programs_with=self)  # fmt: skip
+                            block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
+                            gradient=self.gradient_mode, experiments=chosen, share_programs_with=self)  # fmt: skip
 
     # -- placement ------------------------------------------------------------------------------
     @property
@@ -307,101 +459,51 @@ class LoweredStudy(AbstractLoweredStudy):
         return self._chunks[key]
 
     # -- programs -------------------------------------------------------------------------------
-    def _fn(self, kind: str, gi: int):
-        """The chunk function of ``kind`` (a mode, or ``"exact"`` for the exact Hessian)."""
-        key = (kind, gi)
-        if key in self._fns:
-            return self._fns[key]
-        import jax
-        import jax.numpy as jnp
+    def _operands(self):
+        """The problem's :class:`TermOperands` on the devices (replicated over the mesh), put once."""
+        if self._device_operands is None:
+            import jax
 
-        ip, group = self.problem, self.groups[gi]
-        sharded = self.mesh is not None
+            ops = self.problem.operands()
+            if self.mesh is not None:
+                from jax.sharding import NamedSharding, PartitionSpec
 
-        def reduce(x):
-            return jax.lax.psum(x, "data") if sharded else x
-
-        def lanes(theta, arrs, *, forward, residuals):
-            full = ip.full_vector(theta)
-            return jax.vmap(
-                lambda a: ip.lane(group, full, a, forward=forward, residuals=residuals, theta=theta)
-            )(arrs)
-
-        def total(theta, arrs):
-            v, st, steps = lanes(theta, arrs, forward=False, residuals=False)
-            return jnp.sum(v), (st, steps)
-
-        def resid(theta, arrs):
-            r, st, steps = lanes(theta, arrs, forward=True, residuals=True)
-            return r, (r, st, steps)
-
-        if kind == "value":
-            def local(theta, arrs):
-                v, st, steps = lanes(theta, arrs, forward=True, residuals=False)
-                return reduce(jnp.sum(v)), st, steps
-            specs = ("sum", "lane", "lane")
-        elif kind == "value_and_grad":
-            def local(theta, arrs):
-                (v, (st, steps)), g = jax.value_and_grad(total, has_aux=True)(theta, arrs)
-                return reduce(v), reduce(g), st, steps
-            specs = ("sum", "sum", "lane", "lane")
-        elif kind == "residuals":
-            def local(theta, arrs):
-                r, st, steps = lanes(theta, arrs, forward=True, residuals=True)
-                return r, st, steps
-            specs = ("lane", "lane", "lane")
-        elif kind == "jacobian":
-            def local(theta, arrs):
-                J, (r, st, steps) = jax.jacfwd(resid, has_aux=True)(theta, arrs)
-                return r, J, st, steps
-            specs = ("lane", "lane", "lane", "lane")
-        elif kind == "exact":
-            def grad_fn(theta, arrs):
-                return jax.grad(total, has_aux=True)(theta, arrs)
-
-            def local(theta, arrs):
-                H, (st, steps) = jax.jacfwd(grad_fn, has_aux=True)(theta, arrs)
-                return reduce(H), st, steps
-            specs = ("sum", "lane", "lane")
-        else:  # pragma: no cover (internal)
-            raise ValueError(kind)
-        fn = local
-        if sharded:
-            from jax.sharding import PartitionSpec as P
-
-            out_specs = tuple(P() if s == "sum" else P("data") for s in specs)
-            fn = jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P("data")), out_specs=out_specs, check_vma=False)
-        self._fns[key] = fn
-        return fn
+                self._device_operands = jax.device_put(ops, NamedSharding(self.mesh, PartitionSpec()))
+            else:
+                self._device_operands = jax.device_put(ops)
+        return self._device_operands
 
     def _compile(self, mode: str, kind: str, gi: int, lanes: int) -> Program:
         import jax
 
         fn_kind = {"exact": "exact", "fd": "value_and_grad"}.get(kind, mode) if mode == "hessian" else mode
-        # Differenced Hessians run the gradient program, and studies sharing programs (restrict)
-        # run one program for every chunk of the same group, kind and size.
-        shared_key = (fn_kind, self._group_index[gi], lanes)
-        if shared_key in self._compiled:
-            compiled, scratch = self._compiled[shared_key]
-            return Program(mode, kind, lanes, compiled, scratch)
-        fn = self._fn(fn_kind, gi)
-        group = self.groups[gi]
-        example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
-        if self.mesh is not None:
-            from jax.sharding import NamedSharding, PartitionSpec
+        if fn_kind == "value_and_grad" and self.gradient_kind == "forward":
+            fn_kind = "forward_gradient"
+        # Differenced Hessians run the gradient program; a program is shared by every study with the
+        # same key: restrictions of this one, and lowerings of the same study with other numbers.
+        key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, self.mesh, _platform_signature())
+        hit = self._compiled.get(key) or _cached_program(key)
+        if hit is None:
+            group = self.groups[gi]
+            example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
+            ops = self.problem.operands()
+            if self.mesh is not None:
+                from jax.sharding import NamedSharding, PartitionSpec
 
-            lane_sh = NamedSharding(self.mesh, PartitionSpec("data"))
-            rep = NamedSharding(self.mesh, PartitionSpec())
+                lane_sh = NamedSharding(self.mesh, PartitionSpec("data"))
+                rep = NamedSharding(self.mesh, PartitionSpec())
+            else:
+                lane_sh = rep = None
             arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
             theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
-        else:
-            arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), example)
-            theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64)
-        compiled = jax.jit(fn).lower(theta_spec, arr_spec).compile()
-        stats = compiled.memory_analysis()
-        scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
-        self._compiled[shared_key] = (compiled, scratch)
-        return Program(mode, kind, lanes, compiled, scratch)
+            ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
+            compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
+            stats = compiled.memory_analysis()
+            scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+            hit = (compiled, scratch)
+            _remember_program(key, hit)
+        self._compiled[key] = hit
+        return Program(mode, kind, lanes, hit[0], hit[1])
 
     def _program(self, mode: str, gi: int) -> Program:
         key = (mode, gi)
@@ -467,7 +569,7 @@ class LoweredStudy(AbstractLoweredStudy):
         for gi in range(len(self.groups)) if groups is None else groups:
             prog = self._program(mode, gi)
             for order, data in self._chunk_data(gi, prog.lanes):
-                outs.append(prog.compiled(theta, data))
+                outs.append(prog.compiled(theta, data, self._operands()))
                 orders.append(order)
         return outs, orders
 
@@ -606,6 +708,7 @@ def lower(
     chunk_size: int | None = None,
     block_limit_bytes: float | None = None,
     fd_step: float = 1e-3,
+    gradient: str = "auto",
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -622,6 +725,11 @@ def lower(
         block_limit_bytes: the largest scratch block a program may ask for; None reads
             :func:`default_block_limit` from the device.
         fd_step: the difference step for ``hessian="fd"``, in theta's units (scaled parameters).
+        gradient: how ``value_and_grad`` differentiates the solves: ``"adjoint"`` (the checkpointed
+            adjoint), ``"forward"`` (forward sensitivities, one tangent per entry of theta) or
+            ``"auto"`` (forward up to ``FORWARD_GRADIENT_MAX_THETA`` entries, where it runs and
+            compiles faster, the adjoint above). Both are exact derivatives of the discrete
+            solution; they agree to rounding.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
@@ -641,4 +749,4 @@ def lower(
     else:
         raise TypeError(f"lower: study must be a ds.Study or ds.inference.InferenceProblem, not {type(study).__name__}.")
     return LoweredStudy(problem, layout=layout, hessian=hessian, chunk_size=chunk_size,
-                        block_limit_bytes=block_limit_bytes, fd_step=fd_step)  # fmt: skip
+                        block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient)  # fmt: skip

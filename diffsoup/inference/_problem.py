@@ -21,11 +21,13 @@ as ``scale * sum(c^2)``, so the identity above still holds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from ..integrate._tolerance import checked_rtol
 from ._experiment import LogNormal
 from ._multishoot import trajectory_signature, window_layout
 from ._solver_options import SolverOptions
@@ -55,6 +57,151 @@ class Group:
         """Residuals per experiment (data, estimated-sigma terms, continuity of the windows)."""
         cont = (self.windows - 1) * self.n_states if self.windows else 0
         return self.n_times * self.k * (2 if self.estimated_sigma else 1) + cont
+
+
+class TermOperands(NamedTuple):
+    """The numbers of the per-experiment terms that are operands of the compiled chunk programs
+    (numpy on the host, traced inside a program): another tolerance, step budget or fixed
+    parameter value runs the same program with other arguments.
+
+    Attributes:
+        values: linear values of every study entry ``(n_entries,)`` (the fixed ones and the nominal
+            point; the estimated entries are overwritten from ``theta``).
+        sigma_shift: the ``K`` of the estimated-sigma residuals.
+        rtol, atol, max_steps: the solves' ``SolverOptions`` (``rtol`` after
+            :class:`~diffsoup.integrate.ToleranceWarning`'s floor).
+    """
+
+    values: Any
+    sigma_shift: Any
+    rtol: Any
+    atol: Any
+    max_steps: Any
+
+
+def full_vector(estimated, scales, values, theta):
+    """Every study entry's linear value, a JAX vector: ``values`` with the estimated entries (study
+    indices ``estimated``, on ``scales``) taken from ``theta``."""
+    import jax.numpy as jnp
+
+    theta = jnp.asarray(theta)
+    full = jnp.asarray(values).astype(theta.dtype)
+    est = np.asarray(estimated, dtype=np.int64)
+    for s, fn in (("lin", lambda x: x), ("log", jnp.exp), ("log10", lambda x: 10.0**x)):
+        pos = np.array([j for j, sc in enumerate(scales) if sc == s], dtype=np.int64)
+        if pos.size:
+            full = full.at[est[pos]].set(fn(theta[pos]))
+    return full
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneTerms:
+    """The static part of one group's per-experiment term: everything a chunk program is
+    compiled from besides its kind, lane count and mesh (hashable; the problem and the
+    observables compare by identity).
+
+    The JAX code of the terms reads only these fields and the :class:`TermOperands` passed to
+    it, so equal terms make equal programs: that is what lets ``ds.lower`` reuse a compiled
+    program for another inference problem of the same study (other tolerances, step budget or
+    fixed values).
+
+    Attributes:
+        problem: the built ``ds.Problem``.
+        group: the :class:`Group` (observables, noise, shapes).
+        scale: the objective's ``scale`` (0.5 for ``"nll"``, 1 for ``"chi2"``).
+        estimated: study entry indices of the estimated parameters, in ``theta`` order.
+        scales: their scales (``"lin"``, ``"log"``, ``"log10"``).
+        checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
+    """
+
+    problem: Any
+    group: Group
+    scale: float
+    estimated: tuple
+    scales: tuple
+    checkpoints: int
+
+    def full_vector(self, theta, ops: TermOperands):
+        """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""
+        return full_vector(self.estimated, self.scales, ops.values, theta)
+
+    def states(self, ops: TermOperands, full, a: dict, theta=None, *, forward: bool = True):
+        """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
+        (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
+        import jax
+        import jax.numpy as jnp
+
+        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
+
+        problem, group = self.problem, self.group
+        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
+        adjoint = ForwardMode() if forward else CheckpointAdjoint(self.checkpoints)
+
+        def solve(y0, times, t0):
+            return simulate(problem, y0, times, pv, t0=t0, rtol=ops.rtol, atol=ops.atol,
+                            max_steps=ops.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
+
+        if not group.windows:
+            sol = solve(a["y0"], a["times"], a["t0"])
+            return sol.ys, sol.status, sol.stats["n_steps"], None
+        if theta is None:
+            raise ValueError("InferenceProblem.states: a multiple-shooting group needs theta (the window starts).")
+        starts = jnp.asarray(theta)[a["win_idx"]]
+        y0s = jnp.concatenate([a["y0"][None].astype(starts.dtype), starts], axis=0)
+        sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
+        ys = sol.ys[a["win_of"], a["win_pos"]]
+        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"][None, :]
+        return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
+
+    def observe(self, full, a: dict, ys):
+        """The observables ``(m, k)`` of one experiment's states ``ys`` (the states themselves when
+        the group observes every state)."""
+        import jax
+        import jax.numpy as jnp
+
+        if self.group.observables is None:
+            return ys
+        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
+        pdict = self.problem.params_dict(pv)
+        return jax.vmap(lambda y: jnp.asarray(self.group.observables(y, pdict), ys.dtype))(ys)
+
+    def lane(self, ops: TermOperands, full, a: dict, *, forward: bool, residuals: bool, theta=None):
+        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+        import jax.numpy as jnp
+
+        group = self.group
+        ys, status, n_steps, cont = self.states(ops, full, a, theta, forward=forward)
+        h = self.observe(full, a, ys)
+        mask = a["mask"]
+        if group.estimated_sigma:
+            sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)
+        else:
+            sigma = a["sigma"]
+        if group.lognormal:
+            pred = jnp.log(jnp.maximum(h, jnp.finfo(h.dtype).tiny))
+            meas = jnp.log(a["data"])
+        else:
+            pred, meas = h, a["data"]
+        r = jnp.where(mask, (pred - meas) / sigma, 0.0)
+        ok = status == 0
+        bad = jnp.asarray(jnp.nan, r.dtype)
+        if residuals:
+            parts = [r.reshape(-1)]
+            if group.estimated_sigma:
+                safe = jnp.where(mask, 2.0 * jnp.log(sigma) + ops.sigma_shift, 1.0)
+                parts.append(jnp.where(mask, jnp.sqrt(safe), 0.0).reshape(-1))
+            if cont is not None:
+                parts.append(cont.reshape(-1).astype(r.dtype))
+            out = jnp.concatenate(parts)
+            out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
+        else:
+            v = self.scale * jnp.sum(r * r) + a["const"]
+            if group.estimated_sigma:
+                v = v + jnp.sum(jnp.where(mask, jnp.log(sigma), 0.0))
+            if cont is not None:
+                v = v + self.scale * jnp.sum(cont * cont)
+            out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
+        return out, status, n_steps
 
 
 class InferenceProblem:
@@ -144,8 +291,9 @@ class InferenceProblem:
         self.lower = np.array([float(e.parameter.to_scale(e.parameter.lower)) for e in ents])
         self.upper = np.array([float(e.parameter.to_scale(e.parameter.upper)) for e in ents])
         self.nominal = np.array([float(e.parameter.to_scale(self.values[i])) for i, e in zip(est, ents)])
-        self._scale_pos = {s: np.array([j for j, e in enumerate(ents) if e.parameter.scale == s], dtype=np.int64)
-                           for s in ("lin", "log", "log10")}  # fmt: skip
+        self._scales = tuple(e.parameter.scale for e in ents)
+        # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
+        self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
         sigma_entries = {r["sigma_entry"] for r in study.resolved.values() if r["sigma_entry"] >= 0}
         if sigma_entries and objective == "chi2":
             raise ValueError(
@@ -231,15 +379,7 @@ class InferenceProblem:
 
     def full_vector(self, theta):
         """All entries' linear values as a JAX vector (traceable in ``theta``)."""
-        import jax.numpy as jnp
-
-        theta = jnp.asarray(theta)
-        full = jnp.asarray(self.values, theta.dtype)
-        for s, fn in (("lin", lambda x: x), ("log", jnp.exp), ("log10", lambda x: 10.0**x)):
-            pos = self._scale_pos[s]
-            if pos.size:
-                full = full.at[self.estimated[pos]].set(fn(theta[pos]))
-        return full
+        return full_vector(self.estimated, self._scales, self.values, theta)
 
     # -- packing --------------------------------------------------------------------------------
     def _group(self) -> tuple[Group, ...]:
@@ -324,34 +464,21 @@ class InferenceProblem:
         return arr
 
     # -- the per-experiment terms (JAX) ----------------------------------------------------------
+    def terms(self, group: Group) -> LaneTerms:
+        """The static part of ``group``'s per-experiment term (what its chunk programs compile from)."""
+        return LaneTerms(self.study.problem, group, self.scale, tuple(int(i) for i in self.estimated),
+                         self._scales, int(self.solver.checkpoints))  # fmt: skip
+
+    def operands(self) -> TermOperands:
+        """The numbers the chunk programs take as arguments (numpy)."""
+        return TermOperands(
+            values=np.asarray(self.values, dtype=np.float64), sigma_shift=np.float64(self.sigma_shift),
+            rtol=np.float64(self.rtol), atol=np.float64(self.solver.atol), max_steps=np.int32(self.solver.max_steps),
+        )  # fmt: skip
+
     def states(self, group: Group, full, a: dict, theta=None, *, forward: bool = True):
-        """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
-        (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
-        import jax
-        import jax.numpy as jnp
-
-        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
-
-        problem = self.study.problem
-        opts = self.solver
-        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-        adjoint = ForwardMode() if forward else CheckpointAdjoint(opts.checkpoints)
-
-        def solve(y0, times, t0):
-            return simulate(problem, y0, times, pv, t0=t0, rtol=opts.rtol, atol=opts.atol,
-                            max_steps=opts.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
-
-        if not group.windows:
-            sol = solve(a["y0"], a["times"], a["t0"])
-            return sol.ys, sol.status, sol.stats["n_steps"], None
-        if theta is None:
-            raise ValueError("InferenceProblem.states: a multiple-shooting group needs theta (the window starts).")
-        starts = jnp.asarray(theta)[a["win_idx"]]
-        y0s = jnp.concatenate([a["y0"][None].astype(starts.dtype), starts], axis=0)
-        sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
-        ys = sol.ys[a["win_of"], a["win_pos"]]
-        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"][None, :]
-        return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
+        """One experiment's states (:meth:`LaneTerms.states` with this problem's operands)."""
+        return self.terms(group).states(self.operands(), full, a, theta, forward=forward)
 
     def trajectories(self, theta) -> dict:
         """States at the measurement times at ``theta``: experiment id -> ``(m, n)`` (numpy).
@@ -362,16 +489,8 @@ class InferenceProblem:
         return {eid: p["states"] for eid, p in self.predict(theta).items()}
 
     def observe(self, group: Group, full, a: dict, ys):
-        """The observables ``(m, k)`` of one experiment's states ``ys`` (the states themselves when
-        the group observes every state)."""
-        import jax
-        import jax.numpy as jnp
-
-        if group.observables is None:
-            return ys
-        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-        pdict = self.study.problem.params_dict(pv)
-        return jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
+        """The observables ``(m, k)`` of one experiment's states ``ys`` (:meth:`LaneTerms.observe`)."""
+        return self.terms(group).observe(full, a, ys)
 
     def predict(self, theta, *, points: int = 0) -> dict:
         """What the model says at ``theta``, experiment by experiment (for results and plots).
@@ -389,21 +508,18 @@ class InferenceProblem:
         import jax
 
         theta = np.asarray(theta, dtype=np.float64)
-        full = self.full_vector(theta)
+        ops = self.operands()
+        run = _prediction_program()
         out = {}
         for group in self.groups:
             arrs = self.pack(group, list(group.members))
-
-            def one(a, group=group):
-                ys, status, _, _ = self.states(group, full, a, theta, forward=True)
-                return ys, self.observe(group, full, a, ys), status
-
-            ys, hs, status = jax.device_get(jax.jit(jax.vmap(one))(arrs))
+            terms = self.terms(group)
+            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
             curve_t = curve = None
             if points > 0 and not group.windows:
                 span = arrs["times"][:, -1:] - arrs["t0"][:, None]
                 dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
-                _, curve, _ = jax.device_get(jax.jit(jax.vmap(one))(dense))
+                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
                 curve_t = dense["times"]
             for lane, i in enumerate(group.members):
                 e = self.study.experiments[i]
@@ -422,41 +538,27 @@ class InferenceProblem:
         return out
 
     def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
-        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
-        import jax.numpy as jnp
-
-        ys, status, n_steps, cont = self.states(group, full, a, theta, forward=forward)
-        h = self.observe(group, full, a, ys)
-        mask = a["mask"]
-        if group.estimated_sigma:
-            sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)
-        else:
-            sigma = a["sigma"]
-        if group.lognormal:
-            pred = jnp.log(jnp.maximum(h, jnp.finfo(h.dtype).tiny))
-            meas = jnp.log(a["data"])
-        else:
-            pred, meas = h, a["data"]
-        r = jnp.where(mask, (pred - meas) / sigma, 0.0)
-        ok = status == 0
-        bad = jnp.asarray(jnp.nan, r.dtype)
-        if residuals:
-            parts = [r.reshape(-1)]
-            if group.estimated_sigma:
-                safe = jnp.where(mask, 2.0 * jnp.log(sigma) + self.sigma_shift, 1.0)
-                parts.append(jnp.where(mask, jnp.sqrt(safe), 0.0).reshape(-1))
-            if cont is not None:
-                parts.append(cont.reshape(-1).astype(r.dtype))
-            out = jnp.concatenate(parts)
-            out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
-        else:
-            v = self.scale * jnp.sum(r * r) + a["const"]
-            if group.estimated_sigma:
-                v = v + jnp.sum(jnp.where(mask, jnp.log(sigma), 0.0))
-            if cont is not None:
-                v = v + self.scale * jnp.sum(cont * cont)
-            out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
-        return out, status, n_steps
+        """One experiment's term (:meth:`LaneTerms.lane` with this problem's operands)."""
+        return self.terms(group).lane(self.operands(), full, a, forward=forward, residuals=residuals, theta=theta)
 
     def __repr__(self) -> str:
         return f"InferenceProblem({self.study!r}, objective={self.objective!r}, theta={list(self.theta_names)})"
+
+
+@functools.cache
+def _prediction_program():
+    """``(terms, theta, operands, arrays) -> (states, observables, status)`` of a group's
+    experiments, jitted once per :class:`LaneTerms` and shapes (theta and the operands are
+    arguments: predictions at new points compile nothing)."""
+    import jax
+
+    def run(terms: LaneTerms, theta, ops: TermOperands, arrs):
+        full = terms.full_vector(theta, ops)
+
+        def one(a):
+            ys, status, _, _ = terms.states(ops, full, a, theta, forward=True)
+            return ys, terms.observe(full, a, ys), status
+
+        return jax.vmap(one)(arrs)
+
+    return jax.jit(run, static_argnums=(0,))

@@ -19,3 +19,4 @@ from ._solution import Solution as Solution
 from ._status import SolveError as SolveError
 from ._status import Status as Status
 from ._tableau import RosenbrockTableau as RosenbrockTableau
+from ._tolerance import ToleranceWarning as ToleranceWarning

@@ -16,6 +16,7 @@ class AbstractAdjoint(abc.ABC):
 
     @abc.abstractmethod
     def solve(self, problem, cfg, y0, p, t0, t_eval, discs):
-        """Run the solve: ``(ys, status, stats)`` for the built ``problem`` with the loop's static
-        settings ``cfg`` (its method included), from ``y0`` with parameters ``p``, outputs at
-        ``t_eval`` and discontinuities ``discs``."""
+        """Run the solve: ``(ys, status, stats)`` for the built ``problem`` with the loop's
+        settings ``cfg`` (a ``LoopConfig`` pytree: traced numbers, its method and solve modes
+        static), from ``y0`` with parameters ``p``, outputs at ``t_eval`` and discontinuities
+        ``discs``. ``cfg`` is not differentiated."""

@@ -13,13 +13,17 @@ full. A record (:class:`StepRecord`) holds what a replay needs (the state and co
 arrival at step ``j``, with the method's checkpoint) and what the step's adjoint needs (its
 accepted step size, stage-time cap and end time).
 
-Reverse sweep, segment by segment from the end: replay the segment from its record with the same
-attempt function into a second buffer of ``C`` records (stride ``ceil(L / C)``), then for each
-step in reverse get its record (directly, or by replaying from the nearest inner record), and
-apply the step's vector-Jacobian product: ``jax.vjp`` of the method's
+Reverse sweep, segment by segment from the end, step by step from the segment's last: get the
+step's record and apply its vector-Jacobian product: ``jax.vjp`` of the method's
 :meth:`~diffsoup.integrate.AbstractReversibleIntegrator.reverse_step` as a function of ``(y, p)``,
 whose linear solves are ``custom_linear_solve`` with transposed solves on the step's factors.
-Cotangents of the outputs enter when the sweep passes the step that wrote them.
+The record comes from one replay (the same attempt function): for the segment's last step, from
+the segment's record to the step, filling a second buffer of ``C`` inner records (stride
+``ceil(L / C)``) on the way; for the others, from the inner record at or before the step, a replay
+that ends at once when that record is the step's own. The program thus holds two copies of the
+attempt (forward loop, replay) and one reverse step, and lanes in lock-step under ``vmap`` replay
+nothing they do not need. Cotangents of the outputs enter when the sweep passes the step that
+wrote them.
 
 Exactness: the derivative is that of the discrete solution with the accepted step sizes held
 fixed. A replay retraces the forward steps because it runs the same attempt function from the
@@ -72,20 +76,22 @@ class CheckpointAdjoint(AbstractAdjoint):
 
     def solve(self, problem, cfg, y0, p, t0, t_eval, discs):
         if not isinstance(cfg.method, AbstractReversibleIntegrator):
-            return _solve_without_adjoint(_Static(problem, cfg, 0), y0, p, t0, t_eval, discs)
-        return solve_with_adjoint(problem, cfg, int(self.checkpoints), y0, p, t0, t_eval, discs)
+            return _solve_without_adjoint(problem, cfg, y0, p, t0, t_eval, discs)
+        return solve_with_adjoint(problem, int(self.checkpoints), cfg, y0, p, t0, t_eval, discs)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
+    """The solve's static part besides ``cfg``'s (which travels as an operand: its numbers are
+    traced, its method and modes live in its pytree structure)."""
+
     problem: object
-    cfg: object
     checkpoints: int
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def solve_with_adjoint(problem, cfg, checkpoints, y0, p, t0, t_eval, discs):
-    return _solve(_Static(problem, cfg, checkpoints), y0, p, t0, t_eval, discs)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def solve_with_adjoint(problem, checkpoints, cfg, y0, p, t0, t_eval, discs):
+    return _solve(_Static(problem, checkpoints), cfg, y0, p, t0, t_eval, discs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,16 +100,16 @@ def solve_with_adjoint(problem, cfg, checkpoints, y0, p, t0, t_eval, discs):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _solve_without_adjoint(static, y0, p, t0, t_eval, discs):
-    return solve_forward(static.problem, static.cfg, y0, p, t0, t_eval, discs)
+def _solve_without_adjoint(problem, cfg, y0, p, t0, t_eval, discs):
+    return solve_forward(problem, cfg, y0, p, t0, t_eval, discs)
 
 
-def _without_adjoint_fwd(static, y0, p, t0, t_eval, discs):
-    return _solve_without_adjoint(static, y0, p, t0, t_eval, discs), None
+def _without_adjoint_fwd(problem, cfg, y0, p, t0, t_eval, discs):
+    return _solve_without_adjoint(problem, cfg, y0, p, t0, t_eval, discs), cfg
 
 
-def _without_adjoint_bwd(static, residual, cotangents):
-    name = type(static.cfg.method).__name__
+def _without_adjoint_bwd(problem, cfg, cotangents):
+    name = type(cfg.method).__name__
     raise TypeError(
         f"simulate(method={name}(...)): {name} has no discrete adjoint step, so reverse mode (jax.grad, "
         "jax.vjp) cannot differentiate it; use adjoint=ds.ForwardMode() with jax.jvp/jax.jacfwd, or a method "
@@ -222,14 +228,6 @@ def _inner_recorder(method, base, stride):
     return on_accept
 
 
-def _last_recorder(method):
-    def on_accept(c: LoopState) -> LoopState:
-        rec = _record_of_last_step(c)
-        return c._replace(recorder=c.recorder._replace(arrival=_arrival(method, c), last=rec))
-
-    return on_accept
-
-
 def _carry_from_record(method, rec: StepRecord, workspace, template: LoopState) -> LoopState:
     """A loop carry on arrival at the record's step, as the forward pass had it."""
     a = rec.arrival
@@ -246,8 +244,8 @@ def _carry_from_record(method, rec: StepRecord, workspace, template: LoopState) 
 # ----------------------------------------------------------------------------------------------
 
 
-def _forward(static, y0, p, t0, t_eval, discs):
-    problem, cfg, capacity = static.problem, static.cfg, static.checkpoints
+def _forward(static, cfg, y0, p, t0, t_eval, discs):
+    problem, capacity = static.problem, static.checkpoints
     method = cfg.method
     workspace = begin_workspace(problem, cfg.modes.all, y0, p, t0, t_eval)
     carry = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
@@ -261,14 +259,14 @@ def _forward(static, y0, p, t0, t_eval, discs):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _solve(static, y0, p, t0, t_eval, discs):
-    ys, status, stats, _ = _forward(static, y0, p, t0, t_eval, discs)
+def _solve(static, cfg, y0, p, t0, t_eval, discs):
+    ys, status, stats, _ = _forward(static, cfg, y0, p, t0, t_eval, discs)
     return ys, status, stats
 
 
-def _solve_fwd(static, y0, p, t0, t_eval, discs):
-    ys, status, stats, residual = _forward(static, y0, p, t0, t_eval, discs)
-    return (ys, status, stats), (residual, y0, p, t0, t_eval, discs)
+def _solve_fwd(static, cfg, y0, p, t0, t_eval, discs):
+    ys, status, stats, residual = _forward(static, cfg, y0, p, t0, t_eval, discs)
+    return (ys, status, stats), (residual, cfg, y0, p, t0, t_eval, discs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,9 +275,9 @@ def _solve_fwd(static, y0, p, t0, t_eval, discs):
 
 
 def _solve_bwd(static, residuals, cotangents):
-    (records, stride, n_total, forward_status), y0, p, t0, t_eval, discs = residuals
+    (records, stride, n_total, forward_status), cfg, y0, p, t0, t_eval, discs = residuals
     ct_ys = cotangents[0]
-    problem, cfg, capacity = static.problem, static.cfg, static.checkpoints
+    problem, capacity = static.problem, static.checkpoints
     method = cfg.method
     prepared = problem.prepared
     modes = cfg.modes
@@ -289,7 +287,8 @@ def _solve_bwd(static, residuals, cotangents):
     ct_ys = jnp.asarray(ct_ys, dtype)
 
     workspace = begin_workspace(problem, step_modes.with_reverse, y0, p, t0, t_eval)
-    template = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
+    # The replays' carry: its structure, and values that every replay overwrites.
+    template = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace, evaluate=False)
     template = _with_recorder(method, template, capacity)
     count = jnp.where(n_total > 0, (n_total - 1) // stride + 1, 0)
 
@@ -308,49 +307,43 @@ def _solve_bwd(static, residuals, cotangents):
         ybar, pb = vjp(depends_on(lam, y_new))
         return ybar, pbar + pb
 
-    def replay(rec, until, recorder):
-        c = _carry_from_record(method, rec, workspace, template)
-        return run_loop(problem, cfg, p, t_eval, discs, c, on_accept=recorder, until_steps=until)
-
-    def record_of_step(inner, base, s2, j):
-        """The record of step ``j`` from the inner records (replaying from the nearest one)."""
-        q = (j - base) // s2
-        start = _pick(inner, q)
-
-        def from_replay():
-            return replay(start, j + 1, _last_recorder(method)).recorder.last
-
-        return jax.lax.cond(start.n_steps == j, lambda: start, from_replay)
-
     def segment(state):
+        """The adjoint of the steps of segment ``k``, last step first. One replay serves both
+        needs of a step (one copy of the attempt code in the program): the first replay runs the
+        segment from its record, filling the inner records; a later step starts from the inner
+        record at or before it, and replays only when that record is not its own (inner stride
+        above 1). A step whose record is at hand replays nothing: the replay's loop ends at once,
+        also for lanes that run in lock-step under vmap."""
         k, lam, pbar, bad = state
         base = k * stride
         length = jnp.minimum(stride, n_total - base)
         top = _pick(records, k)
         s2 = jnp.maximum((length + capacity - 1) // capacity, 1)
-
-        def replay_segment():
-            c = replay(top, base + length, _inner_recorder(method, base, s2))
-            # The replay must end where the forward pass recorded the next segment's start.
-            nxt = _pick(records, jnp.minimum(k + 1, capacity - 1))
-            ends_ok = jnp.where(k + 1 < count, (c.t == nxt.t) & jnp.all(c.y == nxt.y), True)
-            ok = (c.counters.n_steps == base + length) & ends_ok
-            return c.recorder.records, ~ok
-
-        def single():
-            inner = jax.tree_util.tree_map(lambda v, r: v.at[0].set(r), template.recorder.records, top)
-            return inner, jnp.zeros((), bool)
-
-        inner, mismatch = jax.lax.cond(length > 1, replay_segment, single)
+        inner0 = jax.tree_util.tree_map(lambda v, r: v.at[0].set(r), template.recorder.records, top)
+        nxt = _pick(records, jnp.minimum(k + 1, capacity - 1))
+        last_j = base + length - 1
 
         def step_body(st):
-            j, lam, pbar = st
-            rec = record_of_step(inner, base, s2, j)
+            j, lam, pbar, inner, bad = st
+            first = j == last_j  # the segment has not been replayed yet: start from its own record
+            q = jnp.where(first, 0, (j - base) // s2)
+            start = _pick(inner, q)
+            exact = start.n_steps == j
+            c = _carry_from_record(method, start, workspace, template)
+            c = c._replace(recorder=c.recorder._replace(records=inner))
+            c = run_loop(problem, cfg, p, t_eval, discs, c, on_accept=_inner_recorder(method, base, s2),
+                         until_steps=jnp.where(exact, j, j + 1))  # fmt: skip
+            rec = jax.tree_util.tree_map(lambda a, b: jnp.where(exact, a, b), start, c.recorder.last)
+            # The first replay must end where the forward pass recorded the next segment's start.
+            ends_ok = jnp.where(k + 1 < count, (c.t == nxt.t) & jnp.all(c.y == nxt.y), True)
+            mismatch = first & ~exact & ~((c.counters.n_steps == base + length) & ends_ok)
             lam, pbar = step_vjp(rec, lam, pbar)
-            return j - 1, lam, pbar
+            return j - 1, lam, pbar, c.recorder.records, bad | mismatch
 
-        _, lam, pbar = jax.lax.while_loop(lambda st: st[0] >= base, step_body, (base + length - 1, lam, pbar))
-        return k - 1, lam, pbar, bad | mismatch
+        _, lam, pbar, _, bad = jax.lax.while_loop(
+            lambda st: st[0] >= base, step_body, (last_j, lam, pbar, inner0, bad)
+        )
+        return k - 1, lam, pbar, bad
 
     lam0 = jnp.zeros(y0.shape, adjoint_dtype)
     pbar0 = jnp.zeros(p.shape, adjoint_dtype)
@@ -365,7 +358,8 @@ def _solve_bwd(static, residuals, cotangents):
     nan = jnp.asarray(jnp.nan, adjoint_dtype)
     ybar = jnp.where(failed, nan, lam).astype(y0.dtype)
     pbar = jnp.where(failed, nan, pbar).astype(p.dtype)
-    return ybar, pbar, jnp.zeros_like(t0), jnp.zeros_like(t_eval), jnp.zeros_like(discs)
+    # No cotangent for the settings (tolerances are not differentiated), the times or the discontinuities.
+    return None, ybar, pbar, jnp.zeros_like(t0), jnp.zeros_like(t_eval), jnp.zeros_like(discs)
 
 
 _solve.defvjp(_solve_fwd, _solve_bwd)

@@ -25,7 +25,8 @@ class ForwardMode(AbstractAdjoint):
         return solve_forward(problem, cfg, y0, p, t0, t_eval, discs)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0,))
 def solve_forward(problem, cfg, y0, p, t0, t_eval, discs):
-    """The forward pass, jitted per problem and loop settings: ``(ys, status, stats)``."""
+    """The forward pass, jitted per problem and static settings (``cfg``'s numbers are operands):
+    ``(ys, status, stats)``."""
     return forward_solve(problem, cfg, y0, p, t0, t_eval, discs)

@@ -104,7 +104,7 @@ class ImplicitEuler(AbstractIntegrator):
         diag = jnp.asarray(problem.pattern.diagonal)
         fac = prepared.factor(workspace, shifted_values(jac, diag, 1.0 / h), cfg.modes.all)
         tau = jnp.minimum(t + h, t_cap)
-        weights = jax.lax.stop_gradient(cfg.atol_array(y.dtype) + cfg.rtol * jnp.abs(y))
+        weights = jax.lax.stop_gradient(cfg.atol + cfg.rtol * jnp.abs(y))
         y_pred = y + h * f0
 
         def cond(it: _Newton):

@@ -14,6 +14,7 @@ replays, so a replay from a checkpoint retraces the same accepted steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -32,6 +33,7 @@ class PIController:
 
     ``h_new = h * clip(safety * err^-beta1 * err_prev^beta2, factor_min, factor_max)`` with the
     weighted RMS error ``err`` of the embedded estimate; after a rejection the step does not grow.
+    Its numbers are operands of the compiled solve (new values compile nothing).
     """
 
     safety: float = 0.9
@@ -40,34 +42,95 @@ class PIController:
     factor_min: float = 0.2
     factor_max: float = 10.0
 
+    def __post_init__(self):
+        for name in ("safety", "beta1", "beta2", "factor_min", "factor_max"):
+            value = getattr(self, name)
+            if not _is_traced(value) and not (isinstance(value, (int, float, np.floating)) and np.isfinite(value)):
+                raise ValueError(f"PIController.{name}={value!r} must be a finite number.")
+        numbers = [getattr(self, n) for n in ("safety", "factor_min", "factor_max")]
+        if not any(_is_traced(v) for v in numbers):
+            safety, fmin, fmax = (float(v) for v in numbers)
+            if not (0.0 < safety <= 1.0 and 0.0 < fmin <= 1.0 <= fmax):
+                raise ValueError(
+                    f"PIController: need 0 < safety <= 1 and 0 < factor_min <= 1 <= factor_max; got safety={safety}, "
+                    f"factor_min={fmin}, factor_max={fmax}."
+                )
+
+    def control(self, dtype) -> "StepControl":
+        """The numbers as arrays of ``dtype`` (the compiled solve's operands)."""
+        values = (self.safety, self.beta1, self.beta2, self.factor_min, self.factor_max, np.nan)
+        return StepControl(*(_operand(v, dtype) for v in values))
+
 
 @dataclasses.dataclass(frozen=True)
 class ConstantStep:
     """Fixed steps of size ``h`` (shortened only to land on output times and discontinuities);
-    no error control, for convergence-order tests and reproducible step sequences."""
+    no error control, for convergence-order tests and reproducible step sequences. ``h`` is an
+    operand of the compiled solve (another ``h`` compiles nothing)."""
 
     h: float
 
     def __post_init__(self):
-        if not (float(self.h) > 0.0 and np.isfinite(self.h)):
+        if not _is_traced(self.h) and not (float(self.h) > 0.0 and np.isfinite(self.h)):
             raise ValueError(f"ConstantStep.h={self.h!r} must be a positive finite step size.")
 
+    def control(self, dtype) -> "StepControl":
+        """The step size as the compiled solve's operand (the PI constants unused)."""
+        return StepControl(*(_operand(v, dtype) for v in (1.0, 1.0, 1.0, 1.0, 1.0, self.h)))
 
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _operand(x, dtype):
+    """A scalar operand of the compiled solve: numpy when concrete (no device work), else traced."""
+    return jnp.asarray(x).astype(dtype) if _is_traced(x) else np.asarray(x, dtype)
+
+
+class StepControl(NamedTuple):
+    """The step-size controller's numbers, traced (scalars of the compute dtype): the PI
+    constants, and ``h`` for fixed steps."""
+
+    safety: Any
+    beta1: Any
+    beta2: Any
+    factor_min: Any
+    factor_max: Any
+    h: Any
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["rtol", "atol", "h0", "max_steps", "control"],
+    meta_fields=["method", "modes", "fixed_step"],
+)
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-    """Static settings of one integration (hashable: part of the compiled program)."""
+    """The settings of one integration, a pytree: its numbers are traced operands of the compiled
+    solve (a new tolerance, first step, step budget or controller constant compiles nothing); the
+    method, the solve modes and the kind of controller are its static part (in the pytree's
+    structure, so part of the program's cache key).
 
-    rtol: float
-    atol: Any  # float, or a tuple of per-state floats
-    max_steps: int
-    controller: Any
-    h0: float | None
-    modes: SolveModes
+    Attributes:
+        rtol: relative tolerance (scalar of the compute dtype).
+        atol: absolute tolerances, one per state ``(n,)`` (a scalar ``atol`` broadcast).
+        h0: first step size; NaN: chosen from the problem (:func:`initial_step`).
+        max_steps: most step attempts (int32 scalar).
+        control: :class:`StepControl`.
+        method: the :class:`~diffsoup.integrate.AbstractIntegrator` (static).
+        modes: the :class:`SolveModes` (static).
+        fixed_step: True for ``ConstantStep`` (no error control), False for ``PIController`` (static).
+    """
+
+    rtol: Any
+    atol: Any
+    h0: Any
+    max_steps: Any
+    control: StepControl
     method: AbstractIntegrator
-
-    def atol_array(self, dtype):
-        """``atol`` as an array of ``dtype`` (a scalar, or one entry per state)."""
-        return jnp.asarray(np.asarray(self.atol, dtype=np.float64), dtype)
+    modes: SolveModes
+    fixed_step: bool
 
 
 class Counters(NamedTuple):
@@ -153,14 +216,13 @@ def error_norm(err, y, y_new, rtol, atol):
     return jnp.sqrt(jnp.mean(jnp.square(err / scale)))
 
 
-def initial_step(problem, cfg, t0, y0, p, f0, t_end):
-    """Hairer and Wanner's starting step (II.4): from the sizes of ``f`` and its variation."""
-    if isinstance(cfg.controller, ConstantStep):
-        return jnp.asarray(cfg.controller.h, y0.dtype)
-    if cfg.h0 is not None:
-        return jnp.asarray(cfg.h0, y0.dtype)
+def initial_step(problem, cfg: LoopConfig, t0, y0, p, f0, t_end):
+    """The first step size: ``ConstantStep``'s ``h``, the given ``h0``, or (``h0`` NaN) Hairer and
+    Wanner's starting step (II.4), from the sizes of ``f`` and its variation."""
+    if cfg.fixed_step:
+        return cfg.control.h.astype(y0.dtype)
     y0, f0, p = jax.lax.stop_gradient((y0, f0, p))
-    scale = cfg.atol_array(y0.dtype) + cfg.rtol * jnp.abs(y0)
+    scale = cfg.atol + cfg.rtol * jnp.abs(y0)
     d0 = jnp.sqrt(jnp.mean(jnp.square(y0 / scale)))
     d1 = jnp.sqrt(jnp.mean(jnp.square(f0 / scale)))
     h_a = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
@@ -173,17 +235,25 @@ def initial_step(problem, cfg, t0, y0, p, f0, t_end):
     h_b = jnp.where(big <= 1e-15, jnp.maximum(1e-6, h_a * 1e-3), (0.01 / big) ** (1.0 / (cfg.method.error_order + 1)))
     h = jnp.minimum(100.0 * h_a, h_b)
     h = jnp.where(jnp.isfinite(h) & (h > 0), h, 1e-6 * jnp.maximum(span, 1.0))
-    return jnp.minimum(h, span).astype(y0.dtype)
+    h = jnp.minimum(h, span).astype(y0.dtype)
+    return jnp.where(jnp.isnan(cfg.h0), h, cfg.h0).astype(y0.dtype)
 
 
-def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace) -> LoopState:
+def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace, *, evaluate: bool = True) -> LoopState:
+    """The carry before the first attempt from ``(t0, y0)``. ``evaluate=False`` leaves out the
+    right-hand side and the first step size (zeros): a template whose values a replay from a
+    record overwrites."""
     dtype = y0.dtype
     n, m = y0.shape[0], t_eval.shape[0]
     done = t_eval <= t0
-    ys = jnp.where(done[:, None], y0[None, :], jnp.zeros((m, n), dtype))
+    # Outputs not reached (a failed solve) stay NaN: no plausible-looking value.
+    ys = jnp.where(done[:, None], y0[None, :], jnp.full((m, n), jnp.nan, dtype))
     i_out = jnp.sum(done).astype(jnp.int32)
-    f0 = problem.rhs(t0, y0, p)
-    h = initial_step(problem, cfg, t0, y0, p, f0, t_eval[-1])
+    if evaluate:
+        f0 = problem.rhs(t0, y0, p)
+        h = initial_step(problem, cfg, t0, y0, p, f0, t_eval[-1])
+    else:
+        f0, h = jnp.zeros_like(y0), jnp.zeros((), dtype)
     finite = jnp.all(jnp.isfinite(y0)) & jnp.all(jnp.isfinite(p))
     status = jnp.where(i_out >= m, Status.SUCCESS, RUNNING)
     status = jnp.where(finite, status, Status.NONFINITE_STATE).astype(jnp.int32)
@@ -203,7 +273,7 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
     dtype = c.y.dtype
     m, d = t_eval.shape[0], discs.shape[0]
     t, y, h = c.t, c.y, c.h
-    fixed = isinstance(cfg.controller, ConstantStep)
+    fixed = cfg.fixed_step
 
     t_out = t_eval[jnp.minimum(c.i_out, m - 1)]
     if d:
@@ -223,19 +293,18 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
     proposal = method.attempt(problem, cfg, c.workspace, c.method, t, y, h_try, p, t_cap)
     y_new = proposal.y
 
-    err = jax.lax.stop_gradient(error_norm(proposal.error, y, y_new, cfg.rtol, cfg.atol_array(dtype)))
+    err = jax.lax.stop_gradient(error_norm(proposal.error, y, y_new, cfg.rtol, cfg.atol))
     finite = jnp.all(jnp.isfinite(y_new)) & jnp.isfinite(err)
     healthy = finite & proposal.linear_ok & proposal.converged
     accept = healthy if fixed else healthy & (err <= 1.0)
 
     if fixed:
-        h_next = jnp.asarray(cfg.controller.h, dtype)
-        h_next = jnp.where(accept, h_next, 0.0)
+        h_next = jnp.where(accept, cfg.control.h, 0.0)
     else:
-        ctl = cfg.controller
+        ctl = cfg.control
         err_safe = jnp.maximum(err, 1e-10)
         grow = ctl.safety * err_safe ** (-ctl.beta1) * c.err_prev**ctl.beta2
-        fmax = jnp.where(c.rejected_last, jnp.ones((), dtype), jnp.asarray(ctl.factor_max, dtype))
+        fmax = jnp.where(c.rejected_last, jnp.ones((), dtype), ctl.factor_max)
         h_acc = h_try * jnp.clip(grow, ctl.factor_min, fmax)
         h_acc = jnp.where(lands, jnp.maximum(h_acc, h), h_acc)  # landing shortened the step: don't shrink for it
         shrink = jnp.where(

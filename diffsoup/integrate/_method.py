@@ -82,7 +82,8 @@ class AbstractIntegrator(abc.ABC):
 
         Args:
             problem: the built problem (its ``rhs``, ``jacobian_values``, ``prepared`` solver).
-            cfg: the loop's static settings (``rtol``, ``atol``, solve ``modes``).
+            cfg: the loop's settings (a ``LoopConfig``: ``rtol``, ``atol`` per state, solve
+                ``modes``; its numbers are traced).
             workspace: the linear solver's workspace for this solve (``prepared.begin``).
             state: the method's state from :meth:`init` or the last :meth:`conclude`.
             t_cap: latest time the right-hand side may be evaluated at (just below a

@@ -36,7 +36,7 @@ from typing import ClassVar, final
 
 import numpy as np
 
-from ._rosenbrock import AbstractRosenbrock
+from ._rosenbrock import STAGE_CODES, AbstractRosenbrock
 from ._tableau import RosenbrockTableau
 
 ORDER = 5
@@ -87,6 +87,21 @@ class Rodas5P(AbstractRosenbrock):
     One factorization of ``W = I/(h gamma) - J`` per step attempt and eight solves; L-stable,
     for stiff problems; derivatives in both directions (``ds.ForwardMode()``,
     ``ds.CheckpointAdjoint()``). See ``diffsoup.integrate._rodas5p`` for its coefficients.
+
+    Args:
+        stage_code: ``"loop"`` (default: the stages as one loop body over the tableau's rows, a
+            program several times smaller that compiles that much faster) or ``"unrolled"`` (one
+            copy of the code per stage). They compute the same sums in the same order; results
+            agree to rounding (XLA may fuse a multiply and an add into one FMA differently in
+            the two programs).
+
+    Raises:
+        ValueError: for another ``stage_code``.
     """
 
     tableau: ClassVar[RosenbrockTableau] = TABLEAU
+    stage_code: str = "loop"
+
+    def __post_init__(self):
+        if self.stage_code not in STAGE_CODES:
+            raise ValueError(f"Rodas5P.stage_code={self.stage_code!r} must be one of {STAGE_CODES}.")

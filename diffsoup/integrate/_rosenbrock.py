@@ -21,6 +21,9 @@ from ._method import AbstractReversibleIntegrator, Attempt, Work
 from ._tableau import RosenbrockTableau
 
 
+STAGE_CODES = ("loop", "unrolled")
+
+
 class RosenbrockState(NamedTuple):
     """What a Rosenbrock method carries across attempts: the last attempt's Jacobian values,
     ``f_t`` and ``f``, reused by the retry after a rejection (the point did not move)."""
@@ -69,13 +72,78 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         """Values of ``W = I/(h gamma) - J`` on the pattern."""
         return shifted_values(jac_values, diag, 1.0 / (h * self.tableau.gamma))
 
-    def stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse=False):
+    @property
+    def stage_code(self) -> str:
+        """How the stages are written into the program: ``"loop"`` (one stage's code in a loop over
+        the tableau's rows: a program several times smaller, which compiles that much faster) or
+        ``"unrolled"`` (one copy per stage). Both give the same numbers, bit for bit. A final
+        subclass may make it a field (``ds.Rodas5P(stage_code=...)``)."""
+        return "loop"
+
+    def run_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse=False):
         """The stages of one step from ``(t, y)`` with step ``h`` and the factorization ``fac`` of
         ``W`` for this ``h``; stage times are capped at ``t_cap`` (just below a discontinuity the
         step lands on, so the left piece is integrated with its own right-hand side).
 
         Returns ``(y_new, error_vector, fac, info)``.
         """
+        if self.stage_code == "unrolled":
+            return self._unrolled_stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=reverse)
+        if self.stage_code not in STAGE_CODES:
+            raise ValueError(f"{type(self).__name__}.stage_code={self.stage_code!r} must be one of {STAGE_CODES}.")
+        return self._looped_stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=reverse)
+
+    def _looped_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse):
+        """Stage 0 (which reuses ``f0``), then stages ``1..s-1`` as one loop body over the tableau's
+        rows. The sums run over ``j = 0..s-2`` in order with the terms ``j >= i`` masked out (not
+        multiplied by zero), so every stage adds the same terms in the same order as the unrolled
+        code: the same numbers, bit for bit."""
+        tab = self.tableau
+        prepared = problem.prepared
+        s = tab.stages
+        chain = s if tab.chained_from is None else int(tab.chained_from)
+        dtype = y.dtype
+        A, C = jnp.asarray(tab.A, dtype), jnp.asarray(tab.C, dtype)
+        c, d = jnp.asarray(tab.c, dtype), jnp.asarray(tab.d, dtype)
+        inv_h = 1.0 / h
+        rhs0 = f0
+        if tab.d[0] != 0.0:
+            rhs0 = rhs0 + (float(tab.d[0]) * h) * dT
+        k0, fac, info = linear_solve(prepared, fac, rhs0, modes, reverse=reverse)
+        ks = jnp.zeros((s,) + y.shape, dtype).at[0].set(k0)
+
+        def stage(i, carry):
+            ks, u, fac, info = carry
+            summed = y
+            for j in range(s - 1):
+                summed = jnp.where(j < i, summed + A[i, j] * ks[j], summed)
+            # Chained stages (Rodas kind): the previous stage's state plus its increment.
+            u = jnp.where(i < chain, summed, u + ks[i - 1])
+            tau = jnp.minimum(t + c[i] * h, t_cap)
+            rhs = problem.rhs(tau, u, p)
+            for j in range(s - 1):
+                rhs = jnp.where(j < i, rhs + (C[i, j] * inv_h) * ks[j], rhs)
+            rhs = jnp.where(d[i] != 0.0, rhs + (d[i] * h) * dT, rhs)
+            k, fac, step_info = linear_solve(prepared, fac, rhs, modes, reverse=reverse)
+            return ks.at[i].set(k), u, fac, info.combine(step_info)
+
+        ks, u, fac, info = jax.lax.fori_loop(1, s, stage, (ks, y, fac, info))
+        if chain < s:
+            return u + ks[s - 1], ks[s - 1], fac, info
+        return self._weighted_sums(y, [ks[j] for j in range(s)]) + (fac, info)
+
+    def _weighted_sums(self, y, ks):
+        """``(y + sum_j b_j k_j, sum_j b_error_j k_j)`` (unchained tableaus), in order of ``j``."""
+        tab = self.tableau
+        b, b_error = jnp.asarray(tab.b, y.dtype), jnp.asarray(tab.b_error, y.dtype)
+        y_new, err = y, jnp.zeros_like(y)
+        for j in range(len(ks)):
+            y_new = y_new + b[j] * ks[j]
+            err = err + b_error[j] * ks[j]
+        return y_new, err
+
+    def _unrolled_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse):
+        """One copy of the stage code per stage, the tableau's zeros left out."""
         tab = self.tableau
         prepared = problem.prepared
         s = tab.stages
@@ -109,13 +177,7 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
             ks.append(k)
         if chain < s:
             return u + ks[-1], ks[-1], fac, info
-        b = jnp.asarray(tab.b, dtype)
-        b_error = jnp.asarray(tab.b_error, dtype)
-        y_new, err = y, jnp.zeros_like(y)
-        for j in range(s):
-            y_new = y_new + b[j] * ks[j]
-            err = err + b_error[j] * ks[j]
-        return y_new, err, fac, info
+        return self._weighted_sums(y, ks) + (fac, info)
 
     def attempt(self, problem, cfg, workspace, state: RosenbrockState, t, y, h, p, t_cap) -> Attempt:
         jac, dT, f0 = jax.lax.cond(
@@ -125,7 +187,7 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         )
         diag = jnp.asarray(problem.pattern.diagonal)
         fac = problem.prepared.factor(workspace, self.w_values(jac, diag, h), cfg.modes.all)
-        y_new, err, fac, info = self.stages(problem, cfg.modes, t, y, h, p, dT, f0, fac, t_cap)
+        y_new, err, fac, info = self.run_stages(problem, cfg.modes, t, y, h, p, dT, f0, fac, t_cap)
         s = self.tableau.stages
         work = Work(
             n_jac=(~state.fresh).astype(jnp.int32), n_factor=1, n_solves=s, n_ir_steps=info.ir_steps,
@@ -147,5 +209,5 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         jac, dT, f0 = jacobian_and_time_derivative(problem, t, y, p)
         diag = jnp.asarray(problem.pattern.diagonal)
         fac = problem.prepared.factor(workspace, self.w_values(jac, diag, h), modes.with_reverse)
-        y_new, _, _, _ = self.stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=True)
+        y_new, _, _, _ = self.run_stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=True)
         return y_new

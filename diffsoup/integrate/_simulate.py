@@ -17,19 +17,31 @@ from ._method import AbstractIntegrator
 from ._rodas5p import Rodas5P
 from ._solution import Solution
 from ._status import SolveError
+from ._tolerance import checked_rtol, rtol_floor
 
 
-def _float_tuple(x, n, name, problem):
-    arr = np.asarray(x, dtype=np.float64)
-    if arr.ndim == 0:
-        if not (arr > 0 and np.isfinite(arr)):
-            raise ValueError(f"simulate({problem!r}): {name}={x!r} must be positive and finite.")
-        return float(arr)
-    if arr.shape != (n,):
-        raise ValueError(f"simulate({problem!r}): {name} has shape {arr.shape}; give a scalar or ({n},).")
-    if not (np.all(arr > 0) and np.all(np.isfinite(arr))):
-        raise ValueError(f"simulate({problem!r}): every entry of {name} must be positive and finite.")
-    return tuple(float(a) for a in arr)
+def _atol_vector(atol, n, dtype, name):
+    """``atol`` as an ``(n,)`` array of ``dtype`` (a scalar broadcast: the same numbers, and one
+    program for scalar and per-state tolerances); checked when concrete."""
+    if _is_concrete(atol):
+        arr = np.asarray(atol, dtype=np.float64)
+        if arr.ndim == 0:
+            if not (arr > 0 and np.isfinite(arr)):
+                raise ValueError(f"simulate({name!r}): atol={atol!r} must be positive and finite.")
+        elif arr.shape != (n,):
+            raise ValueError(f"simulate({name!r}): atol has shape {arr.shape}; give a scalar or ({n},).")
+        elif not (np.all(arr > 0) and np.all(np.isfinite(arr))):
+            raise ValueError(f"simulate({name!r}): every entry of atol must be positive and finite.")
+        return np.broadcast_to(np.asarray(atol, dtype), (n,))
+    atol = jnp.asarray(atol, dtype)
+    if atol.ndim == 1 and atol.shape != (n,) or atol.ndim > 1:
+        raise ValueError(f"simulate({name!r}): atol has shape {atol.shape}; give a scalar or ({n},).")
+    return jnp.broadcast_to(atol, (n,))
+
+
+def _operand(x, dtype):
+    """``x`` as a scalar operand of ``dtype``: numpy when concrete (no device work here), else traced."""
+    return np.asarray(x, dtype) if _is_concrete(x) else jnp.asarray(x).astype(dtype)
 
 
 def _is_concrete(x) -> bool:
@@ -72,7 +84,11 @@ def simulate(
         params: parameters: a dict by name (missing names take defaults), a vector in
             ``problem.parameter_names`` order, or None for the defaults.
         t0: initial time.
-        rtol, atol: relative and absolute tolerances (``atol`` a scalar or per state).
+        rtol, atol: relative and absolute tolerances (``atol`` a scalar or per state). They, ``h0``,
+            ``max_steps`` and the controller's numbers are operands of the compiled solve, not
+            part of it: new values compile nothing, and they may be traced (``jax.jit`` over
+            ``rtol``). An ``rtol`` below ``100 * eps`` of the compute dtype is raised to that
+            with a :class:`~diffsoup.integrate.ToleranceWarning`.
         method: the integrator: ``ds.Rodas5P()``, or another
             :class:`~diffsoup.integrate.AbstractIntegrator` (``ds.integrate.ImplicitEuler()``).
         controller: ``PIController()`` (adaptive) or ``ConstantStep(h)``.
@@ -85,12 +101,12 @@ def simulate(
             failed solve; under transformations the status is returned instead.
 
     Returns:
-        A :class:`Solution`.
+        A :class:`Solution` (after a failure, the outputs the solve did not reach are NaN).
 
     Raises:
         TypeError: for a ``problem``, ``method``, ``adjoint`` or ``controller`` of the wrong kind.
         ValueError: for a wrong ``y0`` shape, non-finite ``y0``, unknown parameter names,
-            non-positive tolerances, or bad output times.
+            non-positive tolerances, a non-positive ``h0`` or ``max_steps``, or bad output times.
         SolveError: for a failed solve, when ``throw`` and the result is concrete.
     """
     if not isinstance(problem, Problem):
@@ -129,11 +145,20 @@ def simulate(
                 f"simulate({name!r}): t_eval must be finite, non-decreasing and not before t0={float(t0)}."
             )
     pvec = problem.parameter_vector(params)
-    if float(rtol) <= 0 or not np.isfinite(rtol):
-        raise ValueError(f"simulate({name!r}): rtol={rtol!r} must be positive and finite.")
-    atol_s = _float_tuple(atol, n, "atol", name)
-    if isinstance(max_steps, bool) or int(max_steps) < 1:
-        raise ValueError(f"simulate({name!r}): max_steps={max_steps!r} must be a positive integer.")
+    # The numbers below are operands of the compiled solve: new values compile nothing.
+    if _is_concrete(rtol):
+        rtol = float(rtol)
+        if not (rtol > 0 and np.isfinite(rtol)):
+            raise ValueError(f"simulate({name!r}): rtol={rtol!r} must be positive and finite.")
+        rtol = checked_rtol(rtol, dtype, f"simulate({name!r})")
+    else:
+        rtol = jnp.maximum(rtol, rtol_floor(dtype))
+    atol = _atol_vector(atol, n, dtype, name)
+    if _is_concrete(max_steps):
+        if isinstance(max_steps, bool) or not float(max_steps).is_integer() or not 1 <= int(max_steps) < 2**31:
+            raise ValueError(f"simulate({name!r}): max_steps={max_steps!r} must be a positive integer (below 2**31).")
+    if h0 is not None and _is_concrete(h0) and not (float(h0) > 0 and np.isfinite(float(h0))):
+        raise ValueError(f"simulate({name!r}): h0={h0!r} must be a positive finite step size (or None).")
     discs = np.sort(np.asarray(discontinuities, dtype=np.float64).reshape(-1))
     if not np.all(np.isfinite(discs)):
         raise ValueError(f"simulate({name!r}): discontinuities must be finite times.")
@@ -145,8 +170,10 @@ def simulate(
         reverse_ir_tol=prec.adjoint_ir_tol,
     )
     cfg = LoopConfig(
-        float(rtol), atol_s, int(max_steps), controller, None if h0 is None else float(h0), modes, method
-    )
+        rtol=_operand(rtol, dtype), atol=atol, h0=_operand(np.nan if h0 is None else h0, dtype),
+        max_steps=_operand(max_steps, np.int32), control=controller.control(dtype), method=method, modes=modes,
+        fixed_step=isinstance(controller, ConstantStep),
+    )  # fmt: skip
     discs_j = jnp.asarray(discs, dtype)
     t0, t_eval = jax.lax.stop_gradient((t0, t_eval))
     ys, status, stats = adjoint.solve(problem, cfg, y0, pvec, t0, t_eval, discs_j)
