@@ -135,6 +135,48 @@ def test_a_tableau_without_chained_stages_gives_the_same_method(rober_problem):
     np.testing.assert_allclose(np.asarray(g(_UnchainedRodas5P())), np.asarray(g(ds.Rodas5P())), rtol=1e-6)
 
 
+def test_stages_as_a_loop_and_unrolled_agree_and_the_loop_is_the_smaller_program(rober_problem):
+    loop, unrolled = ds.Rodas5P(), ds.Rodas5P(stage_code="unrolled")
+    assert loop.stage_code == "loop" and loop != unrolled
+    with pytest.raises(ValueError, match="stage_code='fused' must be one of"):
+        ds.Rodas5P(stage_code="fused")
+    te = [1.0, 100.0, 1e4]
+    kw = dict(t_eval=te, rtol=1e-8, atol=1e-12)
+    a = ds.simulate(rober_problem, method=loop, **kw)
+    b = ds.simulate(rober_problem, method=unrolled, **kw)
+    # The same sums in the same order; XLA may fuse a multiply-add into an FMA in one program and
+    # not the other, so the step sequences may part at rounding level.
+    np.testing.assert_allclose(np.asarray(a.ys), np.asarray(b.ys), rtol=1e-9, atol=1e-16)
+    assert abs(int(a.stats["n_steps"]) - int(b.stats["n_steps"])) <= 2
+    p0 = rober_problem.parameter_vector()
+
+    def loss(method, adjoint):
+        return lambda p: jnp.sum(ds.simulate(rober_problem, params=p, method=method, adjoint=adjoint, **kw).ys[:, 1])
+
+    for adjoint, diff in ((ds.CheckpointAdjoint(), jax.grad), (ds.ForwardMode(), jax.jacfwd)):
+        np.testing.assert_allclose(np.asarray(diff(loss(loop, adjoint))(p0)),
+                                   np.asarray(diff(loss(unrolled, adjoint))(p0)), rtol=1e-6)  # fmt: skip
+    hvp = [jax.jvp(jax.grad(loss(m, ds.CheckpointAdjoint())), (p0,), (p0,))[1] for m in (loop, unrolled)]
+    np.testing.assert_allclose(np.asarray(hvp[0]), np.asarray(hvp[1]), rtol=1e-6)
+
+    # The loop traces the right-hand side of stages 1..7 once, the unrolled code seven times.
+    traces = []
+
+    def rhs(t, y, p):
+        traces.append(1)
+        return rober_problem.spec.rhs(t, y, p)
+
+    counted = ds.ProblemSpec(rhs, states=3, parameters={"k1": 0.04, "k2": 3e7, "k3": 1e4}, y0=[1.0, 0.0, 0.0]).build()
+    sizes = []
+    for method in (loop, unrolled):
+        traces.clear()
+        jax.make_jaxpr(lambda y0: ds.simulate(counted, y0, te, method=method, adjoint=ds.ForwardMode()).ys)(  # noqa: B023
+            jnp.asarray([1.0, 0.0, 0.0])
+        )
+        sizes.append(len(traces))
+    assert sizes[1] - sizes[0] == TABLEAU.stages - 2, sizes
+
+
 # ---- implicit Euler ---------------------------------------------------------------------------------------
 
 

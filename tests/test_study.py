@@ -205,6 +205,33 @@ def test_gradient_forward_adjoint_and_finite_differences_agree(one_chunk):
     eps = 1e-5
     fd = [(tight.value(THETA + eps * e) - tight.value(THETA - eps * e)) / (2 * eps) for e in np.eye(3)]
     assert _rel(fd, g) < 1e-5
+    g_adjoint = ds.lower(tiny_study(), solver=SolverOptions(rtol=1e-11, atol=1e-13), gradient="adjoint")
+    assert _rel(fd, g_adjoint.value_and_grad(THETA)[1]) < 1e-5
+
+
+def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta(one_chunk, monkeypatch):
+    from diffsoup.inference import _lower
+
+    study = tiny_study()
+    adjoint = ds.lower(study, gradient="adjoint")
+    forward = ds.lower(study, gradient="forward")
+    assert (adjoint.gradient_kind, forward.gradient_kind) == ("adjoint", "forward")
+    va, ga = adjoint.value_and_grad(THETA)
+    vf, gf = forward.value_and_grad(THETA)
+    assert _rel(va, vf) < 1e-12 and _rel(ga, gf) < 1e-9
+    assert _rel(ga, 2 * adjoint.scale * one_chunk["J"].T @ one_chunk["r"]) < 1e-6
+    # Differenced Hessians run the chosen gradient program: they agree with each other and, to the
+    # differencing error, with the exact Hessian (forward over the adjoint).
+    fd_adjoint = ds.lower(study, gradient="adjoint", hessian="fd").hessian(THETA)
+    fd_forward = ds.lower(study, gradient="forward", hessian="fd").hessian(THETA)
+    assert _rel(fd_adjoint, fd_forward) < 1e-5 and _rel(fd_forward, forward.hessian(THETA)) < 1e-4
+    assert forward.hessian_kind == "exact"
+    assert ds.lower(study).gradient_kind == "forward"  # 3 entries of theta
+    monkeypatch.setattr(_lower, "FORWARD_GRADIENT_MAX_THETA", 2)
+    assert ds.lower(study).gradient_kind == "adjoint"
+    assert ds.lower(study).restrict([0, 1]).gradient_kind == "adjoint"
+    with pytest.raises(ValueError, match="gradient='reverse' must be one of"):
+        ds.lower(study, gradient="reverse")
 
 
 @pytest.mark.slow

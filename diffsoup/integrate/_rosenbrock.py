@@ -1,10 +1,15 @@
 """Rosenbrock methods: one factorization of ``W = I/(h gamma) - J`` per step, one solve per stage,
 no Newton iteration; the coefficients come from a :class:`~diffsoup.integrate.RosenbrockTableau`.
 
-The stages are unrolled at trace time from the tableau's constants (a loop over stages would
-change the rounding of the stage sums and was not measured faster at run time). The same stage
-code serves the forward loop (solves with a ``custom_jvp``: forward sensitivities) and the reverse
-sweep's recomputed step (``custom_linear_solve``: transposed solves on that step's factors).
+By default (``stage_code="loop"``) stages 1..s-1 are one loop body over the tableau's rows, so a
+program holds one copy of the right-hand side and of the solve per step function instead of one
+per stage: several times less code for XLA to compile (the right-hand side, its derivatives and
+the solves are most of a step). The stage sums keep the unrolled code's terms and order (masked,
+not multiplied by zero); results agree with ``stage_code="unrolled"`` to rounding, not bit for
+bit, because XLA:CPU contracts a multiply and an add into one FMA where they share a fused kernel,
+and the two programs fuse differently. The same stage code serves the forward loop (solves with a
+``custom_jvp``: forward sensitivities) and the reverse sweep's recomputed step
+(``custom_linear_solve``: transposed solves on that step's factors).
 """
 
 from __future__ import annotations
@@ -75,9 +80,9 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
     @property
     def stage_code(self) -> str:
         """How the stages are written into the program: ``"loop"`` (one stage's code in a loop over
-        the tableau's rows: a program several times smaller, which compiles that much faster) or
-        ``"unrolled"`` (one copy per stage). Both give the same numbers, bit for bit. A final
-        subclass may make it a field (``ds.Rodas5P(stage_code=...)``)."""
+        the tableau's rows: a smaller program, which compiles faster) or ``"unrolled"`` (one copy
+        per stage). They agree to rounding (see the module). A final subclass may make it a field
+        (``ds.Rodas5P(stage_code=...)``)."""
         return "loop"
 
     def run_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse=False):
