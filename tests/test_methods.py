@@ -136,10 +136,16 @@ def test_a_tableau_without_chained_stages_gives_the_same_method(rober_problem):
 
 
 def test_stages_as_a_loop_and_unrolled_agree_and_the_loop_is_the_smaller_program(rober_problem):
-    loop, unrolled = ds.Rodas5P(), ds.Rodas5P(stage_code="unrolled")
-    assert loop.stage_code == "loop" and loop != unrolled
+    loop, unrolled = ds.Rodas5P(stage_code="loop"), ds.Rodas5P(stage_code="unrolled")
+    assert ds.Rodas5P().stage_code == "auto" and loop != unrolled
     with pytest.raises(ValueError, match="stage_code='fused' must be one of"):
         ds.Rodas5P(stage_code="fused")
+    # "auto": unrolled for ROBER's small right-hand side, a loop for a network of 25 reactions.
+    network = ds.examples.mass_action_network(20, 25, seed=3).to_spec(y0=np.ones(20)).build()
+    for problem, expected in ((rober_problem, "unrolled"), (network, "loop")):
+        y, p = jnp.ones(problem.n_states), problem.parameter_vector()
+        assert ds.Rodas5P().resolved_stage_code(problem, jnp.zeros(()), y, p) == expected
+        assert loop.resolved_stage_code(problem, jnp.zeros(()), y, p) == "loop"
     te = [1.0, 100.0, 1e4]
     kw = dict(t_eval=te, rtol=1e-8, atol=1e-12)
     a = ds.simulate(rober_problem, method=loop, **kw)

@@ -58,6 +58,7 @@ import collections
 import dataclasses
 import math
 import os
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -151,25 +152,29 @@ class ProgramKey:
 # its own programs whatever this holds.
 PROGRAM_CACHE_SIZE = 32
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_LOCK = threading.Lock()  # studies may be lowered from several threads (a Dask worker's)
 
 
 def _cached_program(key: ProgramKey):
-    hit = _PROGRAMS.get(key)
-    if hit is not None:
-        _PROGRAMS.move_to_end(key)
-    return hit
+    with _PROGRAMS_LOCK:
+        hit = _PROGRAMS.get(key)
+        if hit is not None:
+            _PROGRAMS.move_to_end(key)
+        return hit
 
 
 def _remember_program(key: ProgramKey, program) -> None:
-    _PROGRAMS[key] = program
-    _PROGRAMS.move_to_end(key)
-    while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
-        _PROGRAMS.popitem(last=False)
+    with _PROGRAMS_LOCK:
+        _PROGRAMS[key] = program
+        _PROGRAMS.move_to_end(key)
+        while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+            _PROGRAMS.popitem(last=False)
 
 
 def clear_program_cache() -> None:
     """Forget the process's compiled chunk programs (live lowered studies keep theirs)."""
-    _PROGRAMS.clear()
+    with _PROGRAMS_LOCK:
+        _PROGRAMS.clear()
 
 
 def _platform_signature() -> tuple:

@@ -89,18 +89,18 @@ class Rodas5P(AbstractRosenbrock):
     ``ds.CheckpointAdjoint()``). See ``diffsoup.integrate._rodas5p`` for its coefficients.
 
     Args:
-        stage_code: ``"loop"`` (default: the stages as one loop body over the tableau's rows, a
-            program several times smaller that compiles that much faster) or ``"unrolled"`` (one
-            copy of the code per stage). They compute the same sums in the same order; results
-            agree to rounding (XLA may fuse a multiply and an add into one FMA differently in
-            the two programs).
+        stage_code: how the stages are written into the compiled program: ``"loop"`` (one loop
+            body over the tableau's rows: a smaller program, which compiles faster), ``"unrolled"``
+            (one copy of the code per stage: no per-iteration cost at run time), or ``"auto"``
+            (the default: the loop when the right-hand side has at least 48 operations, where its
+            copies dominate the program, unrolled below). They agree to rounding.
 
     Raises:
         ValueError: for another ``stage_code``.
     """
 
     tableau: ClassVar[RosenbrockTableau] = TABLEAU
-    stage_code: str = "loop"
+    stage_code: str = "auto"
 
     def __post_init__(self):
         if self.stage_code not in STAGE_CODES:

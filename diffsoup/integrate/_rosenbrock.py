@@ -1,14 +1,18 @@
 """Rosenbrock methods: one factorization of ``W = I/(h gamma) - J`` per step, one solve per stage,
 no Newton iteration; the coefficients come from a :class:`~diffsoup.integrate.RosenbrockTableau`.
 
-By default (``stage_code="loop"``) stages 1..s-1 are one loop body over the tableau's rows, so a
-program holds one copy of the right-hand side and of the solve per step function instead of one
-per stage: several times less code for XLA to compile (the right-hand side, its derivatives and
-the solves are most of a step). The stage sums keep the unrolled code's terms and order (masked,
-not multiplied by zero); results agree with ``stage_code="unrolled"`` to rounding, not bit for
-bit, because XLA:CPU contracts a multiply and an add into one FMA where they share a fused kernel,
-and the two programs fuse differently. The same stage code serves the forward loop (solves with a
-``custom_jvp``: forward sensitivities) and the reverse sweep's recomputed step
+With ``stage_code="loop"`` stages 1..s-1 are one loop body over the tableau's rows, so a program
+holds one copy of the right-hand side and of the solve per step function instead of one per stage:
+several times less code for XLA to compile when the right-hand side is most of a step (models of
+tens of reactions: the Boehm model's value-and-gradient program compiles in half the time). Each
+stage's sums are a product of a tableau row with the increments so far; results agree with the
+unrolled stages to rounding (not bit for bit: the sums' order differs, and XLA:CPU contracts a
+multiply and an add into one FMA where they share a fused kernel, which differs between programs
+anyway). A loop iteration has a fixed cost at run time, which shows for small right-hand sides
+(ROBER's three states: some 10 % per call) and is lost in the work of larger ones (in vmapped
+chunks the loop measured faster than the unrolled code); ``stage_code="auto"``, the default,
+chooses by the size of the right-hand side. The same stage code serves the forward loop (solves
+with a ``custom_jvp``: forward sensitivities) and the reverse sweep's recomputed step
 (``custom_linear_solve``: transposed solves on that step's factors).
 """
 
@@ -26,7 +30,22 @@ from ._method import AbstractReversibleIntegrator, Attempt, Work
 from ._tableau import RosenbrockTableau
 
 
-STAGE_CODES = ("loop", "unrolled")
+STAGE_CODES = ("auto", "loop", "unrolled")
+# stage_code="auto" writes the stages as a loop from this many operations in the right-hand side.
+LOOP_FROM_RHS_OPERATIONS = 48
+
+
+def _operations(jaxpr) -> int:
+    """Equations of a jaxpr, those of its inner jaxprs included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _operations(inner)
+    return count
 
 
 class RosenbrockState(NamedTuple):
@@ -79,11 +98,24 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
 
     @property
     def stage_code(self) -> str:
-        """How the stages are written into the program: ``"loop"`` (one stage's code in a loop over
-        the tableau's rows: a smaller program, which compiles faster) or ``"unrolled"`` (one copy
-        per stage). They agree to rounding (see the module). A final subclass may make it a field
+        """How the stages are written into the program: ``"loop"``, ``"unrolled"`` or ``"auto"``
+        (see :class:`~diffsoup.integrate.Rodas5P`). A final subclass may make it a field
         (``ds.Rodas5P(stage_code=...)``)."""
-        return "loop"
+        return "auto"
+
+    def resolved_stage_code(self, problem, t, y, p) -> str:
+        """``"loop"`` or ``"unrolled"`` for ``problem``: ``"auto"`` takes the loop when the
+        right-hand side has at least ``LOOP_FROM_RHS_OPERATIONS`` operations (then its seven copies
+        are most of a step's code), the unrolled stages below that (the loop's per-iteration cost
+        then shows at run time, and there is little code to save)."""
+        code = self.stage_code
+        if code not in STAGE_CODES:
+            raise ValueError(f"{type(self).__name__}.stage_code={code!r} must be one of {STAGE_CODES}.")
+        if code != "auto":
+            return code
+        abstract = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in (t, y, p)]
+        size = _operations(jax.make_jaxpr(problem.rhs)(*abstract).jaxpr)
+        return "loop" if size >= LOOP_FROM_RHS_OPERATIONS else "unrolled"
 
     def run_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse=False):
         """The stages of one step from ``(t, y)`` with step ``h`` and the factorization ``fac`` of
@@ -92,17 +124,14 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
 
         Returns ``(y_new, error_vector, fac, info)``.
         """
-        if self.stage_code == "unrolled":
+        if self.resolved_stage_code(problem, t, y, p) == "unrolled":
             return self._unrolled_stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=reverse)
-        if self.stage_code not in STAGE_CODES:
-            raise ValueError(f"{type(self).__name__}.stage_code={self.stage_code!r} must be one of {STAGE_CODES}.")
         return self._looped_stages(problem, modes, t, y, h, p, dT, f0, fac, t_cap, reverse=reverse)
 
     def _looped_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse):
         """Stage 0 (which reuses ``f0``), then stages ``1..s-1`` as one loop body over the tableau's
-        rows. The sums run over ``j = 0..s-2`` in order with the terms ``j >= i`` masked out (not
-        multiplied by zero), so every stage adds the same terms in the same order as the unrolled
-        code: the same numbers, bit for bit."""
+        rows, the increments so far in an ``(s, n)`` array: each stage's sums are one product of a
+        tableau row with it (the rows' zeros meet increments not computed yet, which are zeros)."""
         tab = self.tableau
         prepared = problem.prepared
         s = tab.stages
@@ -111,6 +140,7 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         A, C = jnp.asarray(tab.A, dtype), jnp.asarray(tab.C, dtype)
         c, d = jnp.asarray(tab.c, dtype), jnp.asarray(tab.d, dtype)
         inv_h = 1.0 / h
+        exact = jax.lax.Precision.HIGHEST  # no reduced-precision products (TF32 on GPUs)
         rhs0 = f0
         if tab.d[0] != 0.0:
             rhs0 = rhs0 + (float(tab.d[0]) * h) * dT
@@ -119,15 +149,10 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
 
         def stage(i, carry):
             ks, u, fac, info = carry
-            summed = y
-            for j in range(s - 1):
-                summed = jnp.where(j < i, summed + A[i, j] * ks[j], summed)
             # Chained stages (Rodas kind): the previous stage's state plus its increment.
-            u = jnp.where(i < chain, summed, u + ks[i - 1])
+            u = jnp.where(i < chain, y + jnp.matmul(A[i], ks, precision=exact), u + ks[i - 1])
             tau = jnp.minimum(t + c[i] * h, t_cap)
-            rhs = problem.rhs(tau, u, p)
-            for j in range(s - 1):
-                rhs = jnp.where(j < i, rhs + (C[i, j] * inv_h) * ks[j], rhs)
+            rhs = problem.rhs(tau, u, p) + jnp.matmul(C[i] * inv_h, ks, precision=exact)
             rhs = jnp.where(d[i] != 0.0, rhs + (d[i] * h) * dT, rhs)
             k, fac, step_info = linear_solve(prepared, fac, rhs, modes, reverse=reverse)
             return ks.at[i].set(k), u, fac, info.combine(step_info)
