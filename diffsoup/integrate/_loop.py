@@ -45,7 +45,13 @@ class PIController:
     def __post_init__(self):
         for name in ("safety", "beta1", "beta2", "factor_min", "factor_max"):
             value = getattr(self, name)
-            if not _is_traced(value) and not (isinstance(value, (int, float, np.floating)) and np.isfinite(value)):
+            if _is_traced(value):
+                continue
+            try:
+                finite = np.isfinite(float(value))
+            except (TypeError, ValueError):
+                finite = False
+            if not finite:
                 raise ValueError(f"PIController.{name}={value!r} must be a finite number.")
         numbers = [getattr(self, n) for n in ("safety", "factor_min", "factor_max")]
         if not any(_is_traced(v) for v in numbers):

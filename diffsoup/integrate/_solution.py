@@ -18,8 +18,8 @@ class Solution:
 
     Attributes:
         ts: the output times, ``(m,)``.
-        ys: the states at those times, ``(m, n)`` (NaN after a failure point is not guaranteed:
-            check ``status``).
+        ys: the states at those times, ``(m, n)``; after a failure, the times the solve did not
+            reach hold NaN (check ``status``).
         status: a :class:`Status` code (int32; one per experiment under vmap).
         stats: counters (int32): ``n_steps`` (accepted), ``n_rejected``, ``n_jac`` (Jacobian
             evaluations), ``n_factor`` (factorizations), ``n_solves``, ``n_ir_steps`` (refinement
