@@ -200,16 +200,18 @@ def test_solver_interfaces_are_abstract_and_the_state_typed():
 
     with pytest.raises(TypeError, match="_raw_factor"):
         NoHooks(ds.linear.Dense(), None, None)
-    # One begin / factor / solve in "adaptive" mode: typed workspace and factorization.
-    prep, values, dense = _prepared(ds.linear.KLU(), WELL)
+    # One begin / factor / solve in "adaptive" mode: typed workspace and factorization (KLU runs on
+    # the CPU device, also on a GPU machine).
+    with jax.default_device(jax.devices("cpu")[0]):
+        prep, values, dense = _prepared(ds.linear.KLU(), WELL)
 
-    def run(values):
-        ws = prep.begin(values, ("adaptive",))
-        fac = prep.factor(ws, values, ("adaptive",))
-        x, fac2, _ = prep.solve(fac, jnp.ones(64), "adaptive")
-        return ws, fac, fac2, x, prep.end(ws, x)
+        def run(values):
+            ws = prep.begin(values, ("adaptive",))
+            fac = prep.factor(ws, values, ("adaptive",))
+            x, fac2, _ = prep.solve(fac, jnp.ones(64), "adaptive")
+            return ws, fac, fac2, x, prep.end(ws, x)
 
-    ws, fac, fac2, x, _ = jax.jit(run)(values)
+        ws, fac, fac2, x, _ = jax.jit(run)(values)
     assert isinstance(ws, ds.linear.Workspace) and ws.low is not None and ws.fp64 is not None
     assert isinstance(fac, ds.linear.Factorization) and isinstance(fac.factors, ds.linear.Factors)
     assert not bool(fac.factors.fp64_ready) and not bool(fac2.factors.upgraded)  # well conditioned: no fallback

@@ -55,6 +55,9 @@ def load_klujax():
         if _loaded:
             return
         saved = {name: jax.config.values[name] for name in ("jax_enable_x64", "jax_platform_name")}
+        # klujax sets jax_platform_name="cpu" while it imports; JAX caches the default backend on
+        # first use, so settle it now (on a GPU machine: the GPU) before klujax can pin it to CPU.
+        jax.default_backend()
         try:
             import klujax  # noqa: F401  (registers its FFI targets)
             import klujax_cpp
