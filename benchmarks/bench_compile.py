@@ -247,8 +247,8 @@ def _enable_cache(ds, jax) -> str:
 
 
 def run_measure(tree: Path, study: str, mode: str, cache: Path, repeats: int, spec_file: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "DIFFSOUP_", "PYTHONPATH"))}  # fmt: skip
+    dropped = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "DIFFSOUP_", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     env.update(PYTHONPATH=str(tree), DIFFSOUP_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
     command = [sys.executable, str(Path(__file__).resolve()), "--measure", study, mode, "--repeats", str(repeats),
                "--spec-file", str(spec_file)]  # fmt: skip
@@ -304,11 +304,13 @@ def main(argv=None) -> int:
                         print(f"{label:>6} {study:>11} {mode:>22}: FAILED {row[label]['error']}", flush=True)
                         continue
                     row[label] = {"first": first, "cached": cached}
-                    print(f"{label:>6} {study:>11} {mode:>22}: first {first['first_s']:7.2f} s (trace "
-                          f"{first['trace_s']:.2f}, lower {first['lower_s']:.2f}, compile {first['compile_or_load_s']:.2f}), "
-                          f"cached {cached['first_s']:6.2f} s (trace {cached['trace_s']:.2f}, lower {cached['lower_s']:.2f}, "
-                          f"load {cached['compile_or_load_s']:.2f}; {cached['cache_hits']} hits, {cached['cache_misses']} "
-                          f"misses), run {first['run_s']:.4f} s", flush=True)  # fmt: skip
+                    f, c = first, cached
+                    print(f"{label:>6} {study:>11} {mode:>22}: first {f['first_s']:7.2f} s (trace {f['trace_s']:.2f}, "
+                          f"lower {f['lower_s']:.2f}, compile {f['compile_or_load_s']:.2f}), "
+                          f"cached {c['first_s']:6.2f} s (trace {c['trace_s']:.2f}, lower {c['lower_s']:.2f}, "
+                          f"load {c['compile_or_load_s']:.2f}; "
+                          f"{c['cache_hits']} hits, {c['cache_misses']} misses), run {f['run_s']:.4f} s",
+                          flush=True)  # fmt: skip
                 rows.append(row)
 
     def cell(row, label, which, key):

@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _clean_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE",
-                                                                   "JAX_ENABLE_COMPILATION_CACHE", "DIFFSOUP_"))}  # fmt: skip
-    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1", DIFFSOUP_CACHE_DIR=str(tmp_path / "cache"))
+    dropped = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION_CACHE", "DIFFSOUP_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
+    env["DIFFSOUP_CACHE_DIR"] = str(tmp_path / "cache")
     env.update(extra)
     return env
 
