@@ -180,7 +180,8 @@ def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace) ->
     dtype = y0.dtype
     n, m = y0.shape[0], t_eval.shape[0]
     done = t_eval <= t0
-    ys = jnp.where(done[:, None], y0[None, :], jnp.zeros((m, n), dtype))
+    # Outputs a failed solve never reaches stay NaN: no plausible-looking value.
+    ys = jnp.where(done[:, None], y0[None, :], jnp.full((m, n), jnp.nan, dtype))
     i_out = jnp.sum(done).astype(jnp.int32)
     f0 = problem.rhs(t0, y0, p)
     h = initial_step(problem, cfg, t0, y0, p, f0, t_eval[-1])

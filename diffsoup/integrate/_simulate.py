@@ -17,6 +17,7 @@ from ._method import AbstractIntegrator
 from ._rodas5p import Rodas5P
 from ._solution import Solution
 from ._status import SolveError
+from ._tolerance import checked_rtol
 
 
 def _float_tuple(x, n, name, problem):
@@ -131,6 +132,7 @@ def simulate(
     pvec = problem.parameter_vector(params)
     if float(rtol) <= 0 or not np.isfinite(rtol):
         raise ValueError(f"simulate({name!r}): rtol={rtol!r} must be positive and finite.")
+    rtol = checked_rtol(float(rtol), dtype, f"simulate({name!r})")
     atol_s = _float_tuple(atol, n, "atol", name)
     if isinstance(max_steps, bool) or int(max_steps) < 1:
         raise ValueError(f"simulate({name!r}): max_steps={max_steps!r} must be a positive integer.")
