@@ -23,7 +23,9 @@ float32-rounded values and returns the unrefined solution; ``"fp32_ir"`` refines
 against a float64 residual until the correction is below ``ir_tol`` relative, in at most
 ``ir_max_steps`` steps, and reports failure if it stalls; ``"adaptive"`` does the same and, when
 refinement stalls, factors in float64 and solves again (a *fallback*), using the float64 factors
-for the rest of that step's solves. Failures are values (``SolveInfo.ok``), never exceptions.
+for the rest of that step's solves; under ``vmap`` over right-hand sides that share one matrix
+(``jax.jacfwd``'s tangents), a fallback of any of them upgrades the matrix for all
+(``_any_per_matrix``). Failures are values (``SolveInfo.ok``), never exceptions.
 """
 
 from __future__ import annotations

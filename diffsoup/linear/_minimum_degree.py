@@ -45,9 +45,9 @@ def minimum_degree_order(n: int, rows, cols) -> np.ndarray:
     graph |= graph.T
     np.fill_diagonal(graph, False)
     alive = np.ones(n, dtype=bool)
+    degree = graph.sum(axis=1)
     order: list[int] = []
     while len(order) < n:
-        degree = graph.sum(axis=1)  # eliminated nodes have no edges left
         smallest = degree[alive].min()
         touched = np.zeros(n, dtype=bool)
         for node in np.flatnonzero(alive & (degree == smallest)):
@@ -61,4 +61,6 @@ def minimum_degree_order(n: int, rows, cols) -> np.ndarray:
             alive[node] = False
             touched[neighbours] = True
             order.append(int(node))
+        changed = np.flatnonzero(touched & alive)
+        degree[changed] = graph[changed].sum(axis=1)
     return np.asarray(order, dtype=np.int32)
