@@ -7,6 +7,7 @@ never imports Dask, zarr or the GPU binding; those load when first used.
 from ._settings import configure as _configure
 
 _configure()  # XLA flags, allocator: only what is unset (imports no JAX, no Dask)
+from ._compilation_cache import enable_compilation_cache as enable_compilation_cache
 from ._precision import Precision as Precision
 from ._layout import Layout as Layout
 from ._layout import global_mesh as global_mesh

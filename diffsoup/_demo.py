@@ -30,6 +30,9 @@ def run(n_grid: int = 32, out=print) -> list[dict]:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # an entry point of diffsoup's own: float64 is the default policy
+    from ._compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
     import jax.numpy as jnp
     import numpy as np
 

@@ -1,7 +1,9 @@
 """Placement of experiments and factorizations on devices: ``Layout``, ``global_mesh``, ``mesh_groups``.
 
 A mesh has up to two named axes: ``"data"`` splits experiments (``ds.lower(..., layout=)``) and
-``"model"`` factors one problem across devices (``spec.build(..., layout=)``).
+``"model"`` is meant to factor one problem across devices (``spec.build(..., layout=)``), which needs
+cuDSS on several GPUs and is not available yet: ``spec.build`` refuses a model axis over several
+devices.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class Layout:
             ``"model"``, or None for one device.
         dof_sharding: stored on the layout and not read by the library.
         reorder: fill-reducing ordering of cuDSS: ``"amd"`` (default) keeps cuDSS's own,
-            ``"metis"`` selects nested dissection.
+            ``"metis"`` selects nested dissection; ``ds.linear.Dense`` eliminates in a
+            minimum-degree order for either (``Dense(reorder="natural")`` opts out).
         hybrid_memory: if True, cuDSS keeps part of the factor in host memory; a model axis across
             processes takes this from the layout alone.
         hybrid_device_memory_limit_mb: positive device memory cap in MB for the hybrid mode, which
@@ -85,6 +88,25 @@ class Layout:
     def model_size(self) -> int:
         """Number of devices along the ``"model"`` axis (1 without a mesh or model axis)."""
         return _axis_size(self.mesh, "model")
+
+    def check_one_device_factorization(self, solver_name: str) -> None:
+        """Raise if the mesh's ``"model"`` axis spans several devices: no solver uses it yet.
+
+        Factoring one problem across devices needs cuDSS on several GPUs, which ``ds.linear.CuDSS``
+        does not do yet; ``Dense`` and ``KLU`` factor on one device. Without this check the axis
+        would be silently ignored. A ``"model"`` axis of size 1 is accepted.
+
+        Raises:
+            ValueError: naming ``Layout.mesh``'s ``"model"`` axis and the remedies.
+        """
+        size = self.model_size
+        if size > 1:
+            raise ValueError(
+                f"Layout.mesh has a 'model' axis over {size} devices, to factor one problem across devices: that "
+                f"needs ds.linear.CuDSS on several GPUs, which is not available yet (CuDSS factors on one GPU; "
+                f"{solver_name} on one device). Drop the 'model' axis (e.g. ds.global_mesh((\"data\",))), or "
+                "shard experiments over 'data' with ds.lower(..., layout=ds.Layout(mesh=...))."
+            )
 
 
 def _axis_size(mesh, name: str) -> int:

@@ -18,6 +18,7 @@ import dataclasses
 import importlib.util
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -27,7 +28,8 @@ ENVIRONMENT: Mapping[str, str] = {
     "(`jax/`), the cuDSS build (`cudss-build/`). Default: `$XDG_CACHE_HOME/diffsoup` or `~/.cache/diffsoup`. "
     "Put it on a shared file system for SLURM runs.",
     "DIFFSOUP_COORDINATOR": "`host:port` of process 0 for a multi-process run started by an MPI launcher.",
-    "DIFFSOUP_JAX_CACHE_DIR": "The JAX compilation cache of diffsoup's workers (default `$DIFFSOUP_CACHE_DIR/jax`).",
+    "DIFFSOUP_JAX_CACHE_DIR": "Deprecated: set `DIFFSOUP_CACHE_DIR` (the JAX compilation cache is its `jax/` folder). "
+    "Still honoured as the JAX cache's folder, with a DeprecationWarning.",
     "DIFFSOUP_PYTHON": "The interpreter `./run` makes `.venv` with (default: a Python 3.12 it finds).",
     "DIFFSOUP_TRACEBACK": "`1`: the `diffsoup` command prints the whole traceback of its own errors.",
     "DIFFSOUP_LAUNCH_COORDINATOR": "Set by `python -m diffsoup.distributed.launch` in each process it starts.",
@@ -65,7 +67,8 @@ class Settings:
 
     Attributes:
         cache_dir: root of the caches (``DIFFSOUP_CACHE_DIR``).
-        jax_cache_dir: the workers' JAX compilation cache (``DIFFSOUP_JAX_CACHE_DIR``).
+        jax_cache_dir: JAX's persistent compilation cache, ``jax/`` under ``cache_dir`` (the
+            deprecated ``DIFFSOUP_JAX_CACHE_DIR`` still wins, with a DeprecationWarning).
         coordinator: ``DIFFSOUP_COORDINATOR`` (MPI launches), or None.
         launch_coordinator, launch_num_processes, launch_process_id: what
             ``python -m diffsoup.distributed.launch`` set, or None.
@@ -129,7 +132,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     flags = _text(environ, "DIFFSOUP_CUDSS_NVCC_FLAGS")
     return Settings(
         cache_dir=cache,
-        jax_cache_dir=Path(_text(environ, "DIFFSOUP_JAX_CACHE_DIR") or cache / "jax"),
+        jax_cache_dir=_jax_cache_dir(environ, cache),
         coordinator=_text(environ, "DIFFSOUP_COORDINATOR"),
         launch_coordinator=_text(environ, "DIFFSOUP_LAUNCH_COORDINATOR"),
         launch_num_processes=_int(environ, "DIFFSOUP_LAUNCH_NUM_PROCESSES"),
@@ -139,6 +142,20 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         cudss_check_info=(_text(environ, "DIFFSOUP_CUDSS_CHECK_INFO") or "1") not in ("0", "false", "False"),
         cudss_nvcc_flags=tuple(flags.split()) if flags else None,
     )
+
+
+def _jax_cache_dir(environ: Mapping[str, str], cache: Path) -> Path:
+    """``cache/jax``, or the deprecated ``DIFFSOUP_JAX_CACHE_DIR`` where it is still set."""
+    old = _text(environ, "DIFFSOUP_JAX_CACHE_DIR")
+    if old is None:
+        return cache / "jax"
+    warnings.warn(
+        f"DIFFSOUP_JAX_CACHE_DIR={old!r} is deprecated: set DIFFSOUP_CACHE_DIR instead (JAX's compilation cache "
+        "is its jax/ folder). It is still honoured for now.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return Path(old)
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path:

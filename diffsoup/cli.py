@@ -46,6 +46,9 @@ def _enable_x64() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points: float64 default
+    from ._compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()  # programs kept on disk for the next run (JAX's own settings win)
 
 
 def _load(args):
@@ -95,6 +98,7 @@ def _print_summary(summary: dict, out: Path) -> None:
 def _demo(args) -> int:
     from ._demo import run, run_study
 
+    _enable_x64()
     if not args.skip_solvers:
         run(n_grid=args.grid)
     run_study(args.out, n_experiments=args.experiments, in_process=args.in_process, workers=args.workers)

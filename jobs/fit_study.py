@@ -41,9 +41,12 @@ def main() -> int:
     study = ds.inference.load_study(args.study)  # errors name the file, line and field
     profile = ds.distributed.read_profile(args.profile)  # checked: errors name the file and the key
     if profile.shared_dir is not None:
-        # This driver shares the window-start store with its workers (slurm_cluster passes
-        # shared_dir to the workers only, in their job script).
+        # This driver shares the window-start store and the compilation cache with its workers
+        # (slurm_cluster passes shared_dir to the workers only, in their job script).
         os.environ.setdefault("DIFFSOUP_CACHE_DIR", str(profile.shared_dir.resolve()))
+    # JAX's compilation cache (jax/ under DIFFSOUP_CACHE_DIR, the workers' too): a rerun loads the
+    # programs this driver compiled instead of compiling them again.
+    ds.enable_compilation_cache()
     cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:

@@ -317,3 +317,23 @@ def test_reaction_network_validation():
     net = ds.ReactionNetwork(["A", "B"], [("A <-> B", ("kf", "kb")), ("-> A", "s"), ("B -> 0", "d")],
                              {"kf": 2.0, "kb": 1.0, "s": 0.5, "d": 0.25})  # fmt: skip
     np.testing.assert_array_equal(net.stoichiometry, [[-1, 1, 1, 0], [1, -1, 0, -1]])
+
+
+def test_outputs_a_failed_solve_never_reached_are_nan(rober_problem):
+    # Issue 18 item 5: 0.0 after a failure read as a plausible value.
+    sol = ds.simulate(rober_problem, t_eval=[1e-3, 1e3, 1e11], rtol=1e-8, atol=1e-12, max_steps=40, throw=False)
+    assert int(sol.status) == ds.Status.MAX_STEPS
+    ys = np.asarray(sol.ys)
+    assert np.all(np.isfinite(ys[0])) and np.all(np.isnan(ys[-1])), ys
+
+
+def test_float32_tolerance_below_its_resolution_is_raised_with_a_warning():
+    # Issue 18 item 6: float32 at rtol 1e-10 reported SUCCESS silently.
+    from diffsoup.examples import rober
+    from diffsoup.integrate import ToleranceWarning
+
+    problem = rober().build(precision=ds.Precision.fp32(), linear_solver=ds.linear.Dense())
+    with pytest.warns(ToleranceWarning, match=r"rtol=1e-10 is below what float32"):
+        clamped = ds.simulate(problem, t_eval=[1.0, 10.0], rtol=1e-10, atol=1e-6)
+    floor = ds.simulate(problem, t_eval=[1.0, 10.0], rtol=100 * float(np.finfo(np.float32).eps), atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(clamped.ys), np.asarray(floor.ys))

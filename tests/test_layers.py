@@ -30,6 +30,7 @@ PACKAGE = ROOT / "diffsoup"
 LAYERS: dict[str, int] = {
     "diffsoup._settings": 0,
     "diffsoup._lazy": 0,
+    "diffsoup._compilation_cache": 0,
     "diffsoup._precision": 1,
     "diffsoup._layout": 1,
     "diffsoup.linear": 2,

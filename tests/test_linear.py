@@ -200,16 +200,18 @@ def test_solver_interfaces_are_abstract_and_the_state_typed():
 
     with pytest.raises(TypeError, match="_raw_factor"):
         NoHooks(ds.linear.Dense(), None, None)
-    # One begin / factor / solve in "adaptive" mode: typed workspace and factorization.
-    prep, values, dense = _prepared(ds.linear.KLU(), WELL)
+    # One begin / factor / solve in "adaptive" mode: typed workspace and factorization (KLU runs on
+    # the CPU device, also on a GPU machine).
+    with jax.default_device(jax.devices("cpu")[0]):
+        prep, values, dense = _prepared(ds.linear.KLU(), WELL)
 
-    def run(values):
-        ws = prep.begin(values, ("adaptive",))
-        fac = prep.factor(ws, values, ("adaptive",))
-        x, fac2, _ = prep.solve(fac, jnp.ones(64), "adaptive")
-        return ws, fac, fac2, x, prep.end(ws, x)
+        def run(values):
+            ws = prep.begin(values, ("adaptive",))
+            fac = prep.factor(ws, values, ("adaptive",))
+            x, fac2, _ = prep.solve(fac, jnp.ones(64), "adaptive")
+            return ws, fac, fac2, x, prep.end(ws, x)
 
-    ws, fac, fac2, x, _ = jax.jit(run)(values)
+        ws, fac, fac2, x, _ = jax.jit(run)(values)
     assert isinstance(ws, ds.linear.Workspace) and ws.low is not None and ws.fp64 is not None
     assert isinstance(fac, ds.linear.Factorization) and isinstance(fac.factors, ds.linear.Factors)
     assert not bool(fac.factors.fp64_ready) and not bool(fac2.factors.upgraded)  # well conditioned: no fallback
@@ -220,3 +222,57 @@ def test_refinement_settings_are_keyword_only():
     assert ds.linear.KLU(ir_tol=1e-10).ir_tol == 1e-10
     with pytest.raises(TypeError):
         ds.linear.KLU(1e-10)
+
+
+# An ODE whose W = I/(h gamma) + s K is too ill-conditioned for float32 refinement once the steps
+# grow (K: the Laplacian shifted to an eigenvalue of 1e-9, s = 1e7): "adaptive" falls back.
+_N_ILL = 16
+_SHIFT = 2.0 - 2.0 * np.cos(np.pi / (_N_ILL + 1)) - 1e-9
+
+
+def _ill_rhs(t, y, p):
+    zero = jnp.zeros(1, y.dtype)
+    ky = (2.0 - _SHIFT) * y - jnp.concatenate([y[1:], zero]) - jnp.concatenate([zero, y[:-1]])
+    return -p["s"] * ky + p["f"] * jnp.cos(0.1 * t)
+
+
+_ILL_SPEC = ds.ProblemSpec(_ill_rhs, states=_N_ILL, parameters={"s": 1e7, "f": 1.0}, y0=np.linspace(1.0, 2.0, _N_ILL))
+
+
+def _ill_simulate(problem, p, adjoint=None):
+    extra = {} if adjoint is None else {"adjoint": adjoint}
+    return ds.simulate(problem, params=p, t_eval=jnp.array([1.0, 50.0]), rtol=1e-8, atol=1e-10, **extra)
+
+
+def test_jacfwd_of_forward_mode_with_adaptive_klu_matches_a_jvp_loop_and_float64_dense():
+    # jacfwd batches the tangents, not the matrix: the fallback's float64 factorization once ran
+    # batched over tangents (KLU: "batched values need batched handles"; Dense: a batched primal).
+    fp64 = _ILL_SPEC.build(linear_solver=ds.linear.Dense())
+    p0 = fp64.parameter_vector()
+    reference = jax.jacfwd(lambda p: _ill_simulate(fp64, p, ds.ForwardMode()).ys)(p0)
+    for solver in (ds.linear.KLU(), ds.linear.Dense()):
+        problem = _ILL_SPEC.build(linear_solver=solver, precision=ds.Precision(solve_mode="adaptive"))
+        assert int(_ill_simulate(problem, p0).stats["n_fallbacks"]) > 10  # the fallback path runs
+
+        def ys(p):
+            return _ill_simulate(problem, p, ds.ForwardMode()).ys
+
+        jac = jax.jacfwd(ys)(p0)
+        loop = jnp.stack([jax.jvp(ys, (p0,), (jnp.eye(2)[i],))[1] for i in range(2)], axis=-1)
+        scale = np.abs(np.asarray(reference)).max(axis=(0, 1))
+        # (cond(W) ~ 1e9: float64 solves themselves differ by ~1e-7 relative)
+        np.testing.assert_allclose(np.asarray(jac) / scale, np.asarray(loop) / scale, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(jac) / scale, np.asarray(reference) / scale, rtol=0, atol=1e-6)
+
+
+def test_vmap_over_parameters_with_adaptive_klu_matches_a_loop():
+    # A batched fallback predicate broadcast the pattern into KLU's refactor ("Ai/Aj must be 1D"),
+    # and its not-yet-factored float64 handle was a null pointer the batched solve used.
+    problem = _ILL_SPEC.build(linear_solver=ds.linear.KLU(), precision=ds.Precision(solve_mode="adaptive"))
+    p0 = problem.parameter_vector()
+    ps = jnp.stack([p0, p0 * jnp.array([1e-4, 1.0]), p0 * jnp.array([0.5, 2.0])])
+    batched = jax.vmap(lambda p: _ill_simulate(problem, p).ys)(ps)
+    for i in range(3):
+        one = _ill_simulate(problem, ps[i])
+        np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one.ys), rtol=1e-6, atol=1e-9)
+    assert [int(_ill_simulate(problem, p).stats["n_fallbacks"]) > 0 for p in ps] == [True, False, True]

@@ -110,3 +110,45 @@ def test_problem_fingerprint_tells_networks_apart_and_is_stable():
     a2 = mass_action_network(8, 10, seed=1).to_spec().build(linear_solver=ds.linear.Dense())
     b = mass_action_network(8, 10, seed=2).to_spec().build(linear_solver=ds.linear.Dense())
     assert a.fingerprint == a2.fingerprint != b.fingerprint
+
+
+def test_pattern_detection_warns_nothing():
+    # A product with a constant (here 7.89e-10 * y[0], E5's first rate) went through scipy's
+    # int8 diagonal, which warned about a float64 cast on every build.
+    def rhs(t, y, p):
+        return jnp.stack([-7.89e-10 * y[0] - 1.1e7 * y[0] * y[2], 2.0 * y[1], y[0] * y[1] * 3.0])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        problem = ds.ProblemSpec(rhs, states=3).build(linear_solver=ds.linear.Dense())
+    assert problem.sparsity_method == "jaxpr"
+    expected = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 1]], bool)
+    np.testing.assert_array_equal(problem.pattern.to_scipy().toarray(), expected)
+
+
+def test_many_terms_on_one_state_keep_their_dependency():
+    # 256 products on y0 summed: a count of contributions kept in int8 wrapped around to 0 and
+    # dropped the whole column.
+    n = 300
+
+    def rhs(t, y, p):
+        return y * 0.0 + jnp.sum(jnp.full((256,), 2.0) * y[0]) + jnp.dot(jnp.full((256,), 3.0), jnp.full((256,), y[1]))
+
+    problem = ds.ProblemSpec(rhs, states=n).build(linear_solver=ds.linear.KLU())
+    assert problem.sparsity_method == "jaxpr"
+    dense = problem.pattern.to_scipy().toarray()
+    expected = np.eye(n, dtype=bool)
+    expected[:, :2] = True
+    np.testing.assert_array_equal(dense, expected)
+    y = jnp.linspace(0.5, 1.5, n)
+    np.testing.assert_allclose(problem.jacobian(0.0, y).toarray(), _dense_jacobian(problem, 0.0, y), rtol=1e-14)
+
+
+def test_columns_sharing_256_rows_get_different_colors():
+    # Columns 0 and 1 share exactly 256 rows: an int8 count of shared rows wrapped to 0, and the
+    # two columns got one color (their Jacobian entries then added up).
+    n = 256
+    pattern = np.eye(n, dtype=bool)
+    pattern[:, :2] = True
+    colors = color_columns(sp.csr_matrix(pattern))
+    assert colors[0] != colors[1]

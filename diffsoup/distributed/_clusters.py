@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from .._settings import settings
 from ._config import get
 from ._dashboard import dashboard_url
 from ._gpus import visible_gpus
@@ -93,10 +94,9 @@ def _unreachable(address: str, timeout: float, exc: BaseException) -> ClusterCon
 
 def worker_environment() -> dict[str, str]:
     """Environment variables diffsoup's workers start with (only what the caller has not set)."""
-    from ._worker import default_cache_dir
 
     env = {} if "JAX_ENABLE_X64" in os.environ else {"JAX_ENABLE_X64": "1"}
-    env["DIFFSOUP_JAX_CACHE_DIR"] = default_cache_dir()
+    env["DIFFSOUP_CACHE_DIR"] = str(settings().cache_dir)
     return env
 
 
@@ -155,7 +155,7 @@ def jobqueue_options(profile: SlurmProfile) -> dict[str, Any]:
     prologue = ["export JAX_ENABLE_X64=${JAX_ENABLE_X64:-1}", *profile.prologue]
     if profile.shared_dir is not None:
         shared = profile.shared_dir.resolve()
-        prologue += [f"export DIFFSOUP_CACHE_DIR={shared}", f"export DIFFSOUP_JAX_CACHE_DIR={shared / 'jax'}"]
+        prologue += [f"export DIFFSOUP_CACHE_DIR={shared}"]
     platforms = profile.jax_platforms or ("cuda" if gpus else None)
     if platforms:
         prologue.append(f"export JAX_PLATFORMS={platforms}")

@@ -8,10 +8,11 @@ The set-up, before the worker's JAX starts where possible:
 
 - ``JAX_ENABLE_X64=1`` unless set (float64 is diffsoup's default policy);
 - :func:`diffsoup.distributed.configure` (XLA flags and allocator settings, only what is unset);
-- a persistent JAX compilation cache shared by the workers: ``DIFFSOUP_JAX_CACHE_DIR``, else
-  ``$DIFFSOUP_CACHE_DIR/jax``, else ``jax/`` under the user's cache directory (see
-  :func:`diffsoup._settings.settings`); compilations shorter than the setting
-  ``diffsoup.worker.cache-min-compile-seconds`` (0.2 s) are not written to it;
+- JAX's persistent compilation cache shared by the workers, through
+  :func:`diffsoup.enable_compilation_cache`: ``jax/`` under ``DIFFSOUP_CACHE_DIR`` (default
+  ``~/.cache/diffsoup``), unless JAX's own ``JAX_COMPILATION_CACHE_DIR`` is set; the setting
+  ``diffsoup.worker.cache-min-compile-seconds`` (null: diffsoup's default, 0.1 s, or JAX's own
+  ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``) is the shortest compilation written to it;
 - with ``DIFFSOUP_GPUS_PER_WORKER=g`` (set by :func:`diffsoup.distributed.slurm_cluster` for jobs
   holding several GPUs), the worker keeps ``g`` of the job's GPUs: worker process ``i`` of the job
   (its name ends in ``-i``, as ``dask worker --nworkers N`` names them) takes the ``i``-th block of
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._compilation_cache import enable_compilation_cache
 from .._settings import settings
 from ._config import get
 from ._runtime import configure
@@ -33,8 +35,8 @@ PLUGIN_NAME = "diffsoup-worker"
 
 
 def default_cache_dir() -> str:
-    """The persistent JAX compilation cache directory shared by diffsoup's workers (the settings'
-    ``jax_cache_dir``)."""
+    """The persistent JAX compilation cache directory shared by diffsoup's workers when JAX's own
+    is not set (the settings' ``jax_cache_dir``: ``$DIFFSOUP_CACHE_DIR/jax``)."""
     return str(settings().jax_cache_dir)
 
 
@@ -68,10 +70,7 @@ def setup_worker_environment(cache_dir: str | None = None) -> None:
             raise GPUUnavailableError(
                 f"diffsoup worker: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} but JAX sees only {devices}."
             )
-    directory = cache_dir or default_cache_dir()
-    os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(get("worker.cache-min-compile-seconds")))
+    enable_compilation_cache(cache_dir, min_compile_seconds=get("worker.cache-min-compile-seconds"))
 
 
 def pin_gpus(worker_name: Any, visible: str | None, per_worker: int) -> str | None:

@@ -18,5 +18,6 @@ from ._simulate import simulate as simulate
 from ._solution import Solution as Solution
 from ._status import SolveError as SolveError
 from ._status import Status as Status
+from ._tolerance import ToleranceWarning as ToleranceWarning
 from ._tableau import RosenbrockTableau as RosenbrockTableau
 from ._tolerance import ToleranceWarning as ToleranceWarning

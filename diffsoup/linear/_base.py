@@ -23,7 +23,9 @@ float32-rounded values and returns the unrefined solution; ``"fp32_ir"`` refines
 against a float64 residual until the correction is below ``ir_tol`` relative, in at most
 ``ir_max_steps`` steps, and reports failure if it stalls; ``"adaptive"`` does the same and, when
 refinement stalls, factors in float64 and solves again (a *fallback*), using the float64 factors
-for the rest of that step's solves. Failures are values (``SolveInfo.ok``), never exceptions.
+for the rest of that step's solves; under ``vmap`` over right-hand sides that share one matrix
+(``jax.jacfwd``'s tangents), a fallback of any of them upgrades the matrix for all
+(``_any_per_matrix``). Failures are values (``SolveInfo.ok``), never exceptions.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from .._precision import SOLVE_MODES
+from ._any_per_matrix import any_per_matrix
 
 Slot = Literal["low", "fp64"]
 SLOTS: tuple[Slot, ...] = ("low", "fp64")
@@ -171,6 +174,16 @@ class AbstractPreparedSolver(abc.ABC):
     def _raw_end(self, workspace: Workspace, after):
         """Release ``workspace`` once ``after`` is computed; an int32 token."""
 
+    def _unfactored(self, workspace, values, slot: Slot):
+        """Factors standing for a slot not factored yet (``"adaptive"``'s lazy float64 slot).
+
+        Never used for an answer, but solved with where a ``cond`` becomes a ``select`` under
+        ``vmap`` (both branches run): a backend whose zeros are not safe to solve with (a null
+        handle) returns something that is. Default: zeros shaped like the slot's factors.
+        """
+        shape = jax.eval_shape(lambda v: self._raw_factor(workspace, v, slot), values)
+        return jax.tree_util.tree_map(jnp.zeros_like, shape)
+
     def _chain_slot(self, factors, after):
         """Backends whose solves share a workspace (KLU keeps one in its numeric object) make the
         next solve wait for ``after``; XLA otherwise runs independent solves concurrently."""
@@ -209,8 +222,7 @@ class AbstractPreparedSolver(abc.ABC):
         if "adaptive" in modes:
             slots["upgraded"] = jnp.zeros((), bool)
             if "fp64" not in slots:
-                shape = jax.eval_shape(lambda v: self._raw_factor(workspace.fp64, v, "fp64"), frozen)
-                slots["fp64"] = jax.tree_util.tree_map(jnp.zeros_like, shape)
+                slots["fp64"] = self._unfactored(workspace.fp64, frozen, "fp64")
                 slots["fp64_ready"] = jnp.zeros((), bool)
             else:
                 slots["fp64_ready"] = jnp.ones((), bool)
@@ -240,12 +252,15 @@ class AbstractPreparedSolver(abc.ABC):
             lambda: self._refine(fac, b, transpose, tol),
         )
         need64 = f.upgraded | ~converged
-        refactor = need64 & ~f.fp64_ready
         frozen = jax.lax.stop_gradient(fac.values)
+        # The float64 factors and the upgrade belong to the matrix: under vmap over right-hand
+        # sides alone (jacfwd's tangents) they are decided once, by any of them (_any_per_matrix).
+        upgraded = any_per_matrix(need64, frozen)
+        refactor = any_per_matrix(need64 & ~f.fp64_ready, frozen)
         fac64 = jax.lax.cond(refactor, lambda: self._raw_factor(fac.workspace.fp64, frozen, "fp64"), lambda: f.fp64)
-        x_out = jax.lax.cond(need64, lambda: self._raw_solve(fac64, b, transpose, "fp64"), lambda: x)
+        x_out = jax.lax.cond(upgraded, lambda: self._raw_solve(fac64, b, transpose, "fp64"), lambda: x)
         fell_back = need64 & ~f.upgraded
-        new_fac = fac._replace(factors=f._replace(fp64=fac64, upgraded=need64, fp64_ready=f.fp64_ready | need64))
+        new_fac = fac._replace(factors=f._replace(fp64=fac64, upgraded=upgraded, fp64_ready=f.fp64_ready | refactor))
         info = SolveInfo.success(steps, fell_back.astype(jnp.int32), jnp.all(jnp.isfinite(x_out)))
         return x_out, self.chain(new_fac, x_out), info
 

@@ -153,14 +153,12 @@ class CuDSS(AbstractLinearSolver):
         Raises:
             RuntimeError: where cuDSS cannot run (no GPU, no cuDSS library, no handler and no nvcc),
                 saying what is missing.
-            NotImplementedError: for a layout with a ``"model"`` axis over several devices.
+            ValueError: for a layout with a ``"model"`` axis over several devices (multi-GPU
+                factorization is not implemented).
         """
         settings = self.settings(layout)
-        if layout is not None and getattr(layout, "model_size", 1) > 1:
-            raise NotImplementedError(
-                "ds.linear.CuDSS: factoring one problem across a 'model' mesh axis (cuDSS multi-GPU) is "
-                "not implemented; use a layout without a model axis."
-            )
+        if layout is not None:
+            layout.check_one_device_factorization("ds.linear.CuDSS")
         reason = cudss_unavailable_reason()
         if reason is not None:
             raise RuntimeError(

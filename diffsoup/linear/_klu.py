@@ -32,6 +32,8 @@ class KLU(AbstractLinearSolver):
     """
 
     def prepare(self, pattern, precision, *, layout=None) -> "PreparedKLU":
+        if layout is not None:
+            layout.check_one_device_factorization("ds.linear.KLU")
         return PreparedKLU(self, pattern, precision)
 
 
@@ -88,6 +90,12 @@ class PreparedKLU(AbstractPreparedSolver):
         finite = jnp.all(jnp.isfinite(v))
         v = jnp.where(finite, v, self._identity_like(v))
         return KLUFactors(ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace), finite)
+
+    def _unfactored(self, workspace, values, slot):
+        # The slot's own handle (allocated at begin, always factored): a zero handle is a null
+        # pointer to klujax, and a vmap'd cond solves with these factors too. Marked not finite,
+        # so a solve with them gives NaN.
+        return KLUFactors(workspace, jnp.zeros((), bool))
 
     def _chain_slot(self, factors, after):
         # klu_solve uses a workspace inside the numeric object: two solves on one handle must

@@ -55,6 +55,9 @@ def load_klujax():
         if _loaded:
             return
         saved = {name: jax.config.values[name] for name in ("jax_enable_x64", "jax_platform_name")}
+        # klujax sets jax_platform_name="cpu" while it imports; JAX caches the default backend on
+        # first use, so settle it now (on a GPU machine: the GPU) before klujax can pin it to CPU.
+        jax.default_backend()
         try:
             import klujax  # noqa: F401  (registers its FFI targets)
             import klujax_cpp
@@ -146,10 +149,19 @@ def _merge(x, bdim, size):
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
+def _one_pattern(x, bdim):
+    """The pattern (``Ai``, ``Aj``) or its analysis (``sym``) of a batched call, unbatched.
+
+    One prepared solver has one pattern, so these are batched only as copies: a ``lax.cond``
+    whose predicate is batched (``"adaptive"``'s fallback under ``vmap`` over experiments)
+    broadcasts every operand of its branches, constants included.
+    """
+    return x if bdim is _NOT_MAPPED else jnp.take(x, 0, axis=bdim)
+
+
 def _factor_batch(args, dims):
     Ai, Aj, Ax, sym = args
-    if dims[0] is not _NOT_MAPPED or dims[1] is not _NOT_MAPPED or dims[3] is not _NOT_MAPPED:
-        raise NotImplementedError("KLU: the pattern and its analysis cannot be batched")
+    Ai, Aj, sym = _one_pattern(Ai, dims[0]), _one_pattern(Aj, dims[1]), _one_pattern(sym, dims[3])
     size = Ax.shape[dims[2]]
     ax = _merge(Ax, dims[2], size)
     out = klu_factor_p.bind(Ai, Aj, ax, sym)
@@ -159,6 +171,10 @@ def _factor_batch(args, dims):
 def _refactor_batch(args, dims):
     Ai, Aj, Ax, sym, num = args
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
+    Ai, Aj, sym = _one_pattern(Ai, dims[0]), _one_pattern(Aj, dims[1]), _one_pattern(sym, dims[3])
+    if dims[2] is _NOT_MAPPED:  # batched handles, one matrix: each handle factors it
+        Ax = jnp.broadcast_to(Ax, (size,) + Ax.shape)
+        dims = dims[:2] + (0,) + dims[3:]
     if dims[4] is _NOT_MAPPED:
         raise NotImplementedError("KLU: batched values need batched handles (allocate them under the same vmap)")
     ax = _merge(Ax, dims[2], size)
@@ -169,6 +185,7 @@ def _refactor_batch(args, dims):
 
 def _solve_batch(args, dims, *, transpose):
     sym, num, b = args
+    sym = _one_pattern(sym, dims[0])
     nd, bd = dims[1], dims[2]
     if nd is _NOT_MAPPED:
         # One factorization, many right-hand sides: fold the batch into the RHS columns.

@@ -136,7 +136,8 @@ def color_columns(pattern: sp.csr_matrix) -> np.ndarray:
     Greedy coloring over three orderings (natural, largest degree first, smallest-last); the one
     with fewest colors is kept.
     """
-    p = sp.csr_matrix(pattern, dtype=np.int8)
+    # Boolean products (sums are ORs): an integer count of shared rows could wrap around to 0.
+    p = sp.csr_matrix(pattern, dtype=bool)
     adj = (p.T @ p).tocsr()  # columns i, j conflict iff they share a row
     adj.setdiag(0)
     adj.eliminate_zeros()
@@ -247,7 +248,7 @@ def _select_rows(deps: sp.csr_matrix, ids: np.ndarray) -> sp.csr_matrix:
     safe = np.where(valid, ids, 0)
     out = sp.csr_matrix(deps[safe], dtype=bool)
     if not valid.all():
-        out = sp.csr_matrix(sp.diags(valid.astype(np.int8)) @ out, dtype=bool)
+        out = sp.csr_matrix(sp.diags(valid, dtype=bool) @ out, dtype=bool)
     return out
 
 
@@ -344,8 +345,8 @@ class _Tracer:
             if this.deps is None:
                 continue
             if other.value is not None and np.size(other.value) == size and this.size == size:
-                keep = (np.asarray(other.value).reshape(-1) != 0).astype(np.int8)
-                parts.append(_Var(this.shape, sp.csr_matrix(sp.diags(keep) @ this.deps, dtype=bool)))
+                keep = np.asarray(other.value).reshape(-1) != 0
+                parts.append(_Var(this.shape, sp.csr_matrix(sp.diags(keep, dtype=bool) @ this.deps, dtype=bool)))
             elif other.value is not None and np.size(other.value) == 1 and float(np.asarray(other.value)) == 0.0:
                 continue
             else:
@@ -393,7 +394,7 @@ class _Tracer:
         idx = np.indices(shape).reshape(len(shape), -1) if shape else np.zeros((0, 1), dtype=np.int64)
         out_idx = np.ravel_multi_index(tuple(idx[keep]), tuple(shape[d] for d in keep)) if keep else np.zeros(v.size, dtype=np.int64)
         out_size = int(np.prod(out_shape, dtype=np.int64))
-        g = sp.csr_matrix((np.ones(v.size, dtype=np.int8), (out_idx, np.arange(v.size))), shape=(out_size, v.size))
+        g = sp.csr_matrix((np.ones(v.size, dtype=bool), (out_idx, np.arange(v.size))), shape=(out_size, v.size))
         return sp.csr_matrix(g @ v.deps, dtype=bool)
 
     def cumulative(self, v: _Var, axis: int, reverse: bool) -> sp.csr_matrix:
@@ -407,7 +408,7 @@ class _Tracer:
                 rows.append(moved[:, i])
                 cols.append(moved[:, j])
         rows, cols = np.concatenate(rows), np.concatenate(cols)
-        g = sp.csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(v.size, v.size))
+        g = sp.csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(v.size, v.size))
         return sp.csr_matrix(g @ v.deps, dtype=bool)
 
     def dot_general(self, lhs: _Var, rhs: _Var, dimension_numbers) -> sp.csr_matrix | None:
@@ -432,13 +433,13 @@ class _Tracer:
             b, k, j = np.nonzero(mask(rhs, rids))
             rows = out[b[:, None], np.arange(isz)[None, :], j[:, None]].reshape(-1)
             cols = lids[b[:, None], np.arange(isz)[None, :], k[:, None]].reshape(-1)
-            s = sp.csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(out.size, lhs.size))
+            s = sp.csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(out.size, lhs.size))
             acc = s @ lhs.deps
         if rhs.deps is not None:
             b, i, k = np.nonzero(mask(lhs, lids))
             rows = out[b[:, None], i[:, None], np.arange(jsz)[None, :]].reshape(-1)
             cols = rids[b[:, None], k[:, None], np.arange(jsz)[None, :]].reshape(-1)
-            s = sp.csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(out.size, rhs.size))
+            s = sp.csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(out.size, rhs.size))
             part = s @ rhs.deps
             acc = part if acc is None else acc + part
         return None if acc is None else sp.csr_matrix(acc, dtype=bool)

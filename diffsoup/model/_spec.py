@@ -105,12 +105,15 @@ class ProblemSpec:
 
         Args:
             precision: the dtype policy (default ``Precision()``, float64).
-            layout: placement; a ``"model"`` axis factors the problem across devices (cuDSS).
+            layout: placement; its ``reorder`` picks the elimination order of ``Dense`` and cuDSS.
+                A ``"model"`` axis over several devices (factoring one problem across devices,
+                which needs cuDSS on several GPUs) is not available yet and raises.
             linear_solver: ``ds.linear.Dense()``, ``ds.linear.KLU()``, ``ds.linear.CuDSS()``, or
                 None for the default (dense up to 64 states, KLU on CPU above).
 
         Raises:
-            ValueError: if ``rhs`` returns the wrong shape or dtype, or fails on the defaults.
+            ValueError: if ``rhs`` returns the wrong shape or dtype, or fails on the defaults, or
+                ``layout.mesh`` has a ``"model"`` axis over several devices.
             RuntimeError: if the precision needs float64 while JAX's x64 mode is off.
         """
         return Problem(self, precision or Precision(), layout or Layout(), linear_solver)
@@ -161,6 +164,8 @@ class Problem:
                 f"linear_solver= must be ds.linear.Dense(), KLU() or CuDSS(), not {type(linear_solver).__name__}."
             )
         self.linear_solver = linear_solver
+        # One clear error before any tracing: no solver factors across a "model" axis yet.
+        layout.check_one_device_factorization(f"ds.linear.{linear_solver.name}")
         self._check_rhs()
         if spec.jac_sparsity is not None:
             self.pattern = SparsityPattern.from_matrix(spec.jac_sparsity)
