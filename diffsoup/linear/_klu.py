@@ -1,7 +1,8 @@
 """KLU sparse LU on the CPU (SuiteSparse, through klujax's XLA FFI handlers).
 
-Symbolic analysis once per pattern and process; numeric factorization handles allocated once
-per solve and refactored in place every step; transpose solves for the adjoint. See
+Symbolic analysis and numeric factorization handles allocated once per solve (inside the
+program, so that compiled programs hold no handle addresses and can be cached on disk) and the
+numeric handles refactored in place every step; transpose solves for the adjoint. See
 ``_klu_ffi`` for how klujax's traps are kept away from the integrator.
 """
 
@@ -37,11 +38,20 @@ class KLU(AbstractLinearSolver):
         return PreparedKLU(self, pattern, precision)
 
 
+class KLUHandles(NamedTuple):
+    """One slot's workspace: the symbolic analysis of the pattern and a numeric handle."""
+
+    sym: Any
+    num: Any
+
+
 class KLUFactors(NamedTuple):
-    """A numeric handle refactored in place, and whether the values it was given were finite."""
+    """A numeric handle refactored in place, whether the values it was given were finite, and
+    the analysis it was factored with."""
 
     num: Any
     finite: Any
+    sym: Any
 
 
 @final
@@ -63,7 +73,7 @@ class PreparedKLU(AbstractPreparedSolver):
             )
         super().__init__(solver, pattern, precision)
         ffi.load_klujax()
-        self.sym = np.uint64(ffi.symbolic_handle(pattern))
+        self.n = int(pattern.n)
         self.Ai = np.asarray(pattern.rows, np.int32)
         self.Aj = np.asarray(pattern.indices, np.int32)
         self.diag_mask = np.asarray(pattern.rows == pattern.indices)
@@ -75,13 +85,15 @@ class PreparedKLU(AbstractPreparedSolver):
         return jnp.where(self.diag_mask, 1.0, zero).astype(jnp.float64)
 
     def _raw_begin(self, values, slot):
-        return ffi.factor(self.Ai, self.Aj, self._identity_like(values), self.sym)
+        sym = ffi.analyze(self.Ai, self.Aj, self.n)
+        return KLUHandles(sym, ffi.factor(self.Ai, self.Aj, self._identity_like(values), sym))
 
     def _raw_end(self, workspace, after):
         token = jnp.zeros((), jnp.int32)
-        for handle in (workspace.fp64, workspace.low):
-            if handle is not None:
-                token = token + ffi.free(handle, (after, token))
+        for handles in (workspace.fp64, workspace.low):
+            if handles is not None:
+                token = token + ffi.free(handles.num, (after, token))
+                token = token + ffi.free_symbolic(handles.sym, (after, token))
         return token
 
     def _raw_factor(self, workspace, values, slot):
@@ -89,13 +101,13 @@ class PreparedKLU(AbstractPreparedSolver):
         # Only finite values are factored: klujax turns a singular matrix into a program abort.
         finite = jnp.all(jnp.isfinite(v))
         v = jnp.where(finite, v, self._identity_like(v))
-        return KLUFactors(ffi.refactor(self.Ai, self.Aj, v, self.sym, workspace), finite)
+        return KLUFactors(ffi.refactor(self.Ai, self.Aj, v, workspace.sym, workspace.num), finite, workspace.sym)
 
     def _unfactored(self, workspace, values, slot):
         # The slot's own handle (allocated at begin, always factored): a zero handle is a null
         # pointer to klujax, and a vmap'd cond solves with these factors too. Marked not finite,
         # so a solve with them gives NaN.
-        return KLUFactors(workspace, jnp.zeros((), bool))
+        return KLUFactors(workspace.num, jnp.zeros((), bool), workspace.sym)
 
     def _chain_slot(self, factors, after):
         # klu_solve uses a workspace inside the numeric object: two solves on one handle must
@@ -103,7 +115,7 @@ class PreparedKLU(AbstractPreparedSolver):
         return factors._replace(num=depends_on(factors.num, after))
 
     def _raw_solve(self, factors, b, transpose, slot):
-        x = ffi.solve(self.sym, factors.num, b, transpose)
+        x = ffi.solve(factors.sym, factors.num, b, transpose)
         if slot == "low":
             x = x.astype(jnp.float32).astype(b.dtype)
         return jnp.where(factors.finite, x, jnp.nan)

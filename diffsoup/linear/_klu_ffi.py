@@ -45,7 +45,6 @@ from ._ordering import depends_on
 
 _lock = threading.Lock()
 _loaded = False
-_symbolic: dict[str, object] = {}  # pattern fingerprint -> KLUSymbolic, kept for the process
 
 
 def load_klujax():
@@ -69,29 +68,10 @@ def load_klujax():
             for name, value in saved.items():
                 jax.config.update(name, value)
         jax.ffi.register_ffi_target("diffsoup_klu_free_numeric", klujax_cpp.free_numeric(), platform="cpu")
+        jax.ffi.register_ffi_target("diffsoup_klu_free_symbolic", klujax_cpp.free_symbolic(), platform="cpu")
         _loaded = True
 
 
-def symbolic_handle(pattern) -> int:
-    """KLU's symbolic analysis of a pattern: once per pattern and process, never freed (compiled
-    programs keep its address)."""
-    load_klujax()
-    import klujax
-
-    key = pattern.fingerprint
-    with _lock:
-        sym = _symbolic.get(key)
-        if sym is None:
-            saved = jax.config.values["jax_enable_x64"]
-            jax.config.update("jax_enable_x64", True)  # its handles are uint64
-            try:
-                sym = klujax.analyze(
-                    np.asarray(pattern.rows, np.int32), np.asarray(pattern.indices, np.int32), pattern.n
-                )
-            finally:
-                jax.config.update("jax_enable_x64", saved)
-            _symbolic[key] = sym
-    return int(sym.raw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,6 +82,8 @@ klu_factor_p = Primitive("diffsoup_klu_factor")  # (Ai, Aj, Ax[L,nnz], sym) -> h
 klu_refactor_p = Primitive("diffsoup_klu_refactor")  # (Ai, Aj, Ax[L,nnz], sym, num[L]) -> num[L]
 klu_solve_p = Primitive("diffsoup_klu_solve")  # (sym, num[L], b[L,n,k]; transpose) -> x[L,n,k]
 klu_free_p = Primitive("diffsoup_klu_free")  # (num[L]) -> int32[]
+klu_analyze_p = Primitive("diffsoup_klu_analyze")  # (Ai, Aj, n) -> sym
+klu_free_symbolic_p = Primitive("diffsoup_klu_free_symbolic")  # (sym) -> int32[]
 
 _U64 = np.dtype(np.uint64)
 
@@ -109,13 +91,15 @@ klu_factor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym: jax.core.ShapedArray(Ax.s
 klu_refactor_p.def_abstract_eval(lambda Ai, Aj, Ax, sym, num: jax.core.ShapedArray(num.shape, _U64))
 klu_solve_p.def_abstract_eval(lambda sym, num, b, *, transpose: jax.core.ShapedArray(b.shape, b.dtype))
 klu_free_p.def_abstract_eval(lambda num: jax.core.ShapedArray((), np.dtype(np.int32)))
+klu_analyze_p.def_abstract_eval(lambda Ai, Aj, n: jax.core.ShapedArray((), _U64))
+klu_free_symbolic_p.def_abstract_eval(lambda sym: jax.core.ShapedArray((), np.dtype(np.int32)))
 
 def _impl_by_jit(prim):
     # Eager use (outside jit) compiles the single primitive, like any jax.numpy call.
     prim.def_impl(lambda *args, **params: jax.jit(functools.partial(prim.bind, **params))(*args))
 
 
-for _prim in (klu_factor_p, klu_refactor_p, klu_solve_p, klu_free_p):
+for _prim in (klu_factor_p, klu_refactor_p, klu_solve_p, klu_free_p, klu_analyze_p, klu_free_symbolic_p):
     _impl_by_jit(_prim)
 
 mlir.register_lowering(klu_factor_p, jax.ffi.ffi_lowering("factor_f64", has_side_effect=True), platform="cpu")
@@ -130,6 +114,17 @@ def _free_lowered(num):
 
 
 mlir.register_lowering(klu_free_p, mlir.lower_fun(_free_lowered, multiple_results=False), platform="cpu")
+mlir.register_lowering(klu_analyze_p, jax.ffi.ffi_lowering("analyze", has_side_effect=True), platform="cpu")
+
+
+def _free_symbolic_lowered(sym):
+    call = jax.ffi.ffi_call("diffsoup_klu_free_symbolic", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)
+    return call(sym)
+
+
+mlir.register_lowering(
+    klu_free_symbolic_p, mlir.lower_fun(_free_symbolic_lowered, multiple_results=False), platform="cpu"
+)
 
 
 def _solve_lowering(ctx, sym, num, b, *, transpose):
@@ -210,11 +205,23 @@ batching.primitive_batchers[klu_factor_p] = _factor_batch
 batching.primitive_batchers[klu_refactor_p] = _refactor_batch
 batching.primitive_batchers[klu_solve_p] = _solve_batch
 batching.primitive_batchers[klu_free_p] = _free_batch
+# One pattern per prepared solver: its analysis is never batched (operands batched only as copies).
+batching.primitive_batchers[klu_analyze_p] = lambda args, dims: (
+    klu_analyze_p.bind(*(_one_pattern(a, d) for a, d in zip(args, dims))), _NOT_MAPPED)
+batching.primitive_batchers[klu_free_symbolic_p] = lambda args, dims: (
+    klu_free_symbolic_p.bind(_one_pattern(args[0], dims[0])), _NOT_MAPPED)
 
 
 # ----------------------------------------------------------------------------------------------
 # Functions on unbatched values (vmap adds the batch)
 # ----------------------------------------------------------------------------------------------
+
+
+def analyze(Ai, Aj, n):
+    """KLU's symbolic analysis of the pattern, inside the program (a handle freed by
+    :func:`free_symbolic`): a compiled program holds no process-specific address, so the
+    persistent compilation cache can keep it."""
+    return klu_analyze_p.bind(Ai, Aj, np.int32(n))
 
 
 def factor(Ai, Aj, values, sym):
@@ -237,3 +244,8 @@ def free(num, after):
     """Release numeric handles once ``after`` (any pytree) is computed (one release per handle,
     also under vmap: an unbatched handle stays unbatched)."""
     return klu_free_p.bind(depends_on(num, after))
+
+
+def free_symbolic(sym, after):
+    """Release a symbolic analysis once ``after`` (any pytree) is computed."""
+    return klu_free_symbolic_p.bind(depends_on(sym, after))
