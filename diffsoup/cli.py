@@ -49,6 +49,9 @@ def _enable_x64() -> None:
     from ._compilation_cache import enable_compilation_cache
 
     enable_compilation_cache()  # programs kept on disk for the next run (JAX's own settings win)
+    from .workflows._compile_progress import install_compile_progress
+
+    install_compile_progress(lambda line: print(f"[diffsoup] {line}", flush=True))
 
 
 def _load(args):

@@ -56,9 +56,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import os
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -89,6 +91,9 @@ FORWARD_GRADIENT_MAX_THETA = 16
 DEFAULT_CHUNK = 256
 BFC_BLOCK_CAP = 3.5e9
 CPU_BLOCK_CAP = 2**31
+
+# Compilation start/end records (``extra["diffsoup_compile"] = (event, what, seconds)``).
+_compile_log = logging.getLogger("diffsoup.compile")
 
 
 def default_block_limit(device: Any = None) -> int:
@@ -502,7 +507,17 @@ class LoweredStudy(AbstractLoweredStudy):
             arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
             theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
             ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
+            label = {"value_and_grad": "value_and_grad (adjoint)",
+                     "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
+            what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
+                   f"{lanes * self.n_devices} experiment(s) per chunk"  # fmt: skip
+            started = time.perf_counter()
+            # A listener (the command's progress lines) hears when a compilation starts and ends.
+            _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
             compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
+            elapsed = time.perf_counter() - started
+            _compile_log.info("compiled the %s in %.1f s", what, elapsed,
+                              extra={"diffsoup_compile": ("end", what, elapsed)})  # fmt: skip
             stats = compiled.memory_analysis()
             scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
             hit = (compiled, scratch)

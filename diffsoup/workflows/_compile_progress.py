@@ -1,0 +1,67 @@
+"""Progress lines while programs compile: which program, and how long so far.
+
+``ds.lower``'s programs announce the start and end of each compilation on the
+``diffsoup.compile`` logger (records with ``extra["diffsoup_compile"] = (event, what, seconds)``).
+The command installs :class:`CompileProgress`, which prints a line when a compilation starts,
+one every ``interval`` seconds while it runs, and one when it ends, so that a first evaluation
+that compiles for a minute says what it is doing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+
+class CompileProgress(logging.Handler):
+    """A logging handler printing compilation progress through ``emit_line``.
+
+    Args:
+        emit_line: where each line goes (e.g. ``print``).
+        interval: seconds between "still compiling" lines.
+    """
+
+    def __init__(self, emit_line: Callable[[str], None], *, interval: float = 10.0):
+        super().__init__(level=logging.INFO)
+        self._emit_line = emit_line
+        self._interval = float(interval)
+        self._lock = threading.Lock()
+        self._running: dict[str, threading.Event] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, "diffsoup_compile", None)
+        if info is None:
+            return
+        event, what, seconds = info
+        if event == "start":
+            self._emit_line(f"compiling the {what} ...")
+            done = threading.Event()
+            with self._lock:
+                self._running[what] = done
+            started = time.perf_counter()
+            threading.Thread(target=self._tick, args=(what, started, done), daemon=True).start()
+        else:
+            with self._lock:
+                done = self._running.pop(what, None)
+            if done is not None:
+                done.set()
+            self._emit_line(f"compiled the {what} in {seconds:.1f} s")
+
+    def _tick(self, what: str, started: float, done: threading.Event) -> None:
+        while not done.wait(self._interval):
+            self._emit_line(f"  still compiling the {what} ({time.perf_counter() - started:.0f} s so far)")
+
+
+def install_compile_progress(emit_line: Callable[[str], None], *, interval: float = 10.0) -> CompileProgress:
+    """Print compilation progress of this process through ``emit_line`` (once per process)."""
+    logger = logging.getLogger("diffsoup.compile")
+    for handler in logger.handlers:
+        if isinstance(handler, CompileProgress):
+            return handler
+    handler = CompileProgress(emit_line, interval=interval)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # our lines, not the root logger's format as well
+    return handler
