@@ -110,6 +110,8 @@ LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
 PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
 NOISE_MODELS = ("gaussian", "lognormal")
 OBJECTIVES = ("nll", "chi2")
+# The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
+DEFAULT_FIT = {"method": "trf", "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +127,7 @@ class StudyFile:
         observables: experiment id -> the names of its observables (the data's columns).
         data_files: the data files read (resolved paths, in order of first use).
         description: free text from the file.
+        petab: the ``PetabProblem`` when the file is a PEtab problem's YAML (else None).
     """
 
     path: Path
@@ -135,6 +138,7 @@ class StudyFile:
     observables: dict
     data_files: tuple = ()
     description: str = ""
+    petab: Any = None
 
     def lower(self, **options):
         """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
@@ -341,11 +345,11 @@ def _fit(r: TomlReader, table: dict) -> dict:
     r.keys(table, FIT_KEYS, ("fit",))
     max_nfev = table.get("max_nfev", None)
     return {
-        "method": r.string(table.get("method", "trf"), ("fit", "method"), METHODS),
-        "starts": r.integer(table.get("starts", 4), ("fit", "starts"), minimum=1),
-        "seed": r.integer(table.get("seed", 0), ("fit", "seed")),
+        "method": r.string(table.get("method", DEFAULT_FIT["method"]), ("fit", "method"), METHODS),
+        "starts": r.integer(table.get("starts", DEFAULT_FIT["starts"]), ("fit", "starts"), minimum=1),
+        "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
         "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
-        "objective": r.string(table.get("objective", "nll"), ("fit", "objective"), OBJECTIVES),
+        "objective": r.string(table.get("objective", DEFAULT_FIT["objective"]), ("fit", "objective"), OBJECTIVES),
     }
 
 
