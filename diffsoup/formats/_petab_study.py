@@ -165,7 +165,7 @@ class PetabProblem:
         observed = {e.id: [c for c in self.columns] for e in self.study.experiments}
         return StudyFile(path=self.path, name=self.name, study=self.study, solver=self.solver, fit=dict(DEFAULT_FIT),
                          observables=observed, data_files=tuple(p.resolve() for p in self.files[1:]),
-                         description=f"PEtab v1 problem {self.name}", petab=self)  # fmt: skip
+                         description=f"PEtab v1 problem {self.name}", petab=self, format="petab/1")  # fmt: skip
 
     def __repr__(self) -> str:
         return (f"PetabProblem({self.name!r}, experiments={len(self.study.experiments)}, "

@@ -110,6 +110,7 @@ LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
 PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
 NOISE_MODELS = ("gaussian", "lognormal")
 OBJECTIVES = ("nll", "chi2")
+PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
 # The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
 DEFAULT_FIT = {"method": "trf", "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
 
@@ -128,6 +129,7 @@ class StudyFile:
         data_files: the data files read (resolved paths, in order of first use).
         description: free text from the file.
         petab: the ``PetabProblem`` when the file is a PEtab problem's YAML (else None).
+        format: the file's format (``"diffsoup-study/1"``, ``"diffsoup-study/2"``, ``"petab/1"``).
     """
 
     path: Path
@@ -139,6 +141,7 @@ class StudyFile:
     data_files: tuple = ()
     description: str = ""
     petab: Any = None
+    format: str = FORMAT
 
     def lower(self, **options):
         """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
@@ -153,7 +156,9 @@ class StudyFile:
 
 
 def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFile:
-    """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation).
+    """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation), or a
+    PEtab v1 problem's YAML file (``.yaml``/``.yml``: ``ds.petab.load(path).study_file()``, with
+    the default ``[fit]`` settings and rtol = atol = 1e-8).
 
     A study file whose ``[model]`` names ``python = "file.py:function"`` is code: loading it
     imports that file (or module) and calls the function, as running a script would. Load only
@@ -172,9 +177,14 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
             error, an unknown or missing key, a missing or malformed data file, data whose shape
             does not match the observables, an unknown parameter, species or observable, or an
             unsupported format version.
+        PetabError: (a ``StudyFileError``) for a PEtab problem, naming the file, row and column.
         FileNotFoundError: if ``path`` does not exist.
     """
     path = Path(path)
+    if path.suffix.lower() in PETAB_SUFFIXES:  # a PEtab problem: what the command runs on it is the same
+        from ._petab_study import load as load_petab
+
+        return load_petab(path).study_file()
     text = path.read_text(encoding="utf-8")
     try:
         doc = tomllib.loads(text)
