@@ -593,6 +593,7 @@ def test_a_python_study_with_the_same_features_gives_the_same_value_as_its_petab
 # -- gradients ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gradients_by_adjoint_forward_and_extrapolated_central_differences_agree(tmp_path):
     """On the receptor problem (7 parameters; pre-equilibration, an estimated initial amount, an
     estimated sigma, observable parameters) at rtol 1e-12."""
@@ -745,6 +746,7 @@ def test_initialization_priors_are_ignored_with_a_warning(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_command_checks_simulates_and_fits_a_petab_problem(tmp_path, capsys):
     from diffsoup.cli import main
 
