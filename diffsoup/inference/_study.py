@@ -427,7 +427,7 @@ class Study:
         for field, fn in (("y0", resolved["y0_function"]),
                           ("preequilibration.y0", (resolved["pre"] or {}).get("y0_function"))):  # fmt: skip
             if fn is not None:
-                checks.append((f"{field}(p)", lambda fn=fn: fn(dict(p)), ((n,),)))
+                checks.append((f"{field}(p)", fn, (dict(p),), ((n,),)))
         shared = not isinstance(e.noise, (list, tuple))
         seen = set()
         for j, fn in enumerate(e.sigma_functions):
@@ -437,15 +437,15 @@ class Study:
             field = e.noise_columns[j].spread_field
             label = f"noise.{field}(t, h, p)" if shared else f"noise[{j}].{field}(t, h, p)"
             h = jax.ShapeDtypeStruct((k,), prob.dtype)
-            checks.append((label, lambda fn=fn, h=h: fn(scalar, h, dict(po)), ((k,), ()) if shared else ((k,), (), (1,))))
+            checks.append((label, fn, (scalar, h, dict(po)), ((k,), ()) if shared else ((k,), (), (1,))))
         if callable(e.discontinuities):
-            checks.append(("discontinuities(p)", lambda: e.discontinuities(dict(p)), None))
+            checks.append(("discontinuities(p)", e.discontinuities, (dict(p),), None))
         for i, r in enumerate(e.resets):
             if callable(r.time):
-                checks.append((f"resets[{i}].time(p)", lambda r=r: r.time(dict(p)), ((), (1,))))
-        for label, call, shapes in checks:
+                checks.append((f"resets[{i}].time(p)", r.time, (dict(p),), ((), (1,))))
+        for label, fn, args, shapes in checks:
             try:
-                out = jax.eval_shape(call)
+                out = jax.eval_shape(fn, *args)
             except Exception as err:  # noqa: BLE001 (the user's function)
                 raise ValueError(
                     f"Experiment {e.id!r}: {label} failed when traced with p a dict of the model parameters: "
