@@ -25,6 +25,7 @@ from .integrate import PIController as PIController
 from .integrate import ConstantStep as ConstantStep
 from .integrate import ForwardMode as ForwardMode
 from .integrate import CheckpointAdjoint as CheckpointAdjoint
+from .integrate import Reset as Reset
 from . import linear as linear
 from .inference._experiment import Experiment as Experiment
 from .inference._study import Study as Study
