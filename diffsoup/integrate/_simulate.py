@@ -112,7 +112,7 @@ def simulate(
         discontinuities: times where ``rhs`` jumps; steps land on them and do not cross them. A
             sequence or an array (it may be traced: its length is part of the program, its
             values are not); ``+inf`` entries stand for none (to pad lanes to one length).
-        resets: :class:`~diffsoup.integrate.Reset` s: at each one's time the state jumps to its
+        resets: :class:`~diffsoup.integrate.Reset` s (or one): at each one's time the state jumps to its
             ``apply(t, y, p)``; an output at a reset time reports the state after the jump. The
             solve is a chain of solves between reset times, differentiable through the jumps
             (both ``adjoint=`` kinds); reset times are operands (new times compile nothing; they
@@ -171,7 +171,7 @@ def simulate(
     has_inf = False
     if _is_concrete(t_eval) and _is_concrete(t0):
         te = np.asarray(t_eval)
-        if np.any(np.isnan(te)) or np.any(np.diff(te) < 0) or te[0] < float(t0) or not np.isfinite(float(t0)):
+        if np.any(np.isnan(te)) or np.any(te[1:] < te[:-1]) or te[0] < float(t0) or not np.isfinite(float(t0)):
             raise ValueError(
                 f"simulate({name!r}): t_eval must be non-decreasing and not before t0={float(t0)} (and finite, "
                 "but for +inf entries at its end: the steady state)."
@@ -220,6 +220,8 @@ def simulate(
     steady = None
     if steady_state is not None:
         steady = _steady_numbers(steady_state, cfg, n, dtype, name)
+    if isinstance(resets, Reset):
+        resets = (resets,)
     if resets:
         ys, status, stats = solve_with_resets(adjoint, problem, cfg, y0, pvec, t0, t_eval, discs_j, resets, steady)
     else:

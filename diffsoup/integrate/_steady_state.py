@@ -8,8 +8,13 @@ outputs contain it (the :class:`SteadyCriterion` in the loop's settings is their
 
 Derivatives are those of the discrete solution with the accepted steps held fixed, as everywhere
 in diffsoup: the steady output is the state after the last accepted step, differentiated through
-every step. Near a steady state the sensitivities decay with the state's own rates, so at tight
-tolerances this agrees with the implicit-function derivative ``dy*/dp = -J^{-1} df/dp``.
+every step. The sensitivities relax with the same rates as the state, so when the solve starts
+away from the steady state (the transient moves every direction the parameters move) this agrees
+with the implicit-function derivative ``dy*/dp = -J^{-1} df/dp`` (conserved quantities kept) to
+about the tolerances. A solve that starts at or very near a steady state stops after a few short
+steps, before the sensitivities have relaxed: starting exactly at it, the derivative is that of
+the initial state. Put a finite output time before the ``+inf`` ones to make such a solve run
+long enough (a few times the slowest relaxation time).
 """
 
 from __future__ import annotations
