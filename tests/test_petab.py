@@ -78,6 +78,8 @@ def test_benchmark_likelihood_at_the_nominal_point_matches_the_tight_reference(n
     lowered = problem.lower(solver=TIGHT)
     assert lowered.theta_names == problem.theta_names
     np.testing.assert_array_equal(lowered.nominal, problem.nominal)
+    at_nominal = {k: problem.nominal_values[k] for k in problem.theta_names}
+    np.testing.assert_allclose(problem.theta_of(at_nominal), problem.nominal, rtol=1e-15)
     value = lowered.value(problem.nominal)
     ref = REFERENCE[name]["llh_roadrunner_rtol1e-12"]
     assert abs(-value - ref) <= 1e-6 * abs(ref), (value, ref)

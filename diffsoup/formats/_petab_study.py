@@ -79,7 +79,8 @@ class PetabProblem:
         nominal: ``theta`` at the parameter table's nominal values: the estimated parameters on
             their scales, in the order of :attr:`theta_names` (``lowered.nominal`` too).
         theta_names: the estimated parameters, in ``theta`` order.
-        nominal_values: every parameter's nominal value (linear scale), by id.
+        nominal_values: every parameter's nominal value (linear scale), by id (``theta_of(values)``
+            gives ``theta`` at other values).
         files: every file of the problem (the YAML first).
     """
 
@@ -153,6 +154,23 @@ class PetabProblem:
         self.simulation_table(theta, solver=solver, predictions=predictions).to_csv(path, sep="\t", index=False)
         return path
 
+    def theta_of(self, values: Mapping[str, float]) -> np.ndarray:
+        """``theta`` (scaled, :attr:`theta_names` order) from linear values by parameter id; the
+        others at their nominal values.
+
+        Raises:
+            ValueError: for an id that is not an estimated parameter.
+        """
+        unknown = sorted(set(values) - set(self.theta_names))
+        if unknown:
+            raise ValueError(f"theta_of: {unknown} are not estimated parameters; theta is {list(self.theta_names)}.")
+        table = {p.name: p for p in self.study.parameters}
+        out = self.nominal.copy()
+        for i, name in enumerate(self.theta_names):
+            if name in values:
+                out[i] = float(table[name].to_scale(values[name]))
+        return out
+
     def placement(self, row: int) -> tuple[str, int, int]:
         """Where measurement ``row`` (0-based, over the concatenated measurement tables) lies:
         ``(experiment id, row of its data, column)``."""
@@ -162,7 +180,7 @@ class PetabProblem:
         """The problem as a ``StudyFile`` (what the ``diffsoup`` command and its workflows run)."""
         from ._study_file import DEFAULT_FIT, StudyFile
 
-        observed = {e.id: [c for c in self.columns] for e in self.study.experiments}
+        observed = {e.id: list(self.columns) for e in self.study.experiments}
         return StudyFile(path=self.path, name=self.name, study=self.study, solver=self.solver, fit=dict(DEFAULT_FIT),
                          observables=observed, data_files=tuple(p.resolve() for p in self.files[1:]),
                          description=f"PEtab v1 problem {self.name}", petab=self, format="petab/1")  # fmt: skip
@@ -460,12 +478,12 @@ class _Builder:
                         if q in obs_params:
                             obs_params[q] = v
             noise = self.noise(noise_models, columns, cells, sigma)
-            conditions, mapping, initial = self.condition_values(cid, main=pre is None)
+            conditions, mapping, initial = self.condition_values(cid)
             options: dict[str, Any] = {}
             if pre is None:
                 options["y0"] = y0
             else:
-                pre_conditions, pre_mapping, _ = self.condition_values(pre, main=False)
+                pre_conditions, pre_mapping, _ = self.condition_values(pre)
                 pre_conditions.update(pre_mapping)
                 options["preequilibration"] = Preequilibration(conditions=pre_conditions, y0=y0)
                 options["y0"] = initial or None
@@ -516,7 +534,7 @@ class _Builder:
             return cls(cells if columns[0].array_noise else sigma, **kw)
         return [cls(cells[:, j] if c.array_noise else sigma, **kw) for j, ((cls, kw), c) in enumerate(zip(models, columns))]
 
-    def condition_values(self, cid: str, *, main: bool):
+    def condition_values(self, cid: str):
         """``(conditions, parameters, initial)`` of a condition: model parameter -> number,
         model parameter -> study parameter, state -> number or study parameter (NaN-free)."""
         conditions: dict[str, float] = {}
