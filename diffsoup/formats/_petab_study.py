@@ -176,15 +176,6 @@ class PetabProblem:
         ``(experiment id, row of its data, column)``."""
         return self._placements[row]
 
-    def study_file(self):
-        """The problem as a ``StudyFile`` (what the ``diffsoup`` command and its workflows run)."""
-        from ._study_file import DEFAULT_FIT, StudyFile
-
-        observed = {e.id: list(self.columns) for e in self.study.experiments}
-        return StudyFile(path=self.path, name=self.name, study=self.study, solver=self.solver, fit=dict(DEFAULT_FIT),
-                         observables=observed, data_files=tuple(p.resolve() for p in self.files[1:]),
-                         description=f"PEtab v1 problem {self.name}", petab=self, format="petab/1")  # fmt: skip
-
     def __repr__(self) -> str:
         return (f"PetabProblem({self.name!r}, experiments={len(self.study.experiments)}, "
                 f"measurements={len(self.tables.measurements)}, estimated={len(self.theta_names)})")  # fmt: skip

@@ -180,6 +180,15 @@ class StudyFile:
     petab: Any = None
     format: str = FORMAT
 
+    @classmethod
+    def from_petab(cls, problem: Any) -> "StudyFile":
+        """A ``PetabProblem`` as what the ``diffsoup`` command runs: its study, rtol = atol = 1e-8,
+        the default ``[fit]`` settings, its observable columns and files."""
+        observed = {e.id: list(problem.columns) for e in problem.study.experiments}
+        return cls(path=problem.path, name=problem.name, study=problem.study, solver=problem.solver,
+                   fit=dict(DEFAULT_FIT), observables=observed, data_files=tuple(p.resolve() for p in problem.files[1:]),
+                   description=f"PEtab v1 problem {problem.name}", petab=problem, format="petab/1")  # fmt: skip
+
     def lower(self, **options):
         """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
         options.setdefault("objective", self.fit["objective"])
@@ -194,7 +203,7 @@ class StudyFile:
 
 def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFile:
     """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation), or a
-    PEtab v1 problem's YAML file (``.yaml``/``.yml``: ``ds.petab.load(path).study_file()``, with
+    PEtab v1 problem's YAML file (``.yaml``/``.yml``: ``StudyFile.from_petab(ds.petab.load(path))``, with
     the default ``[fit]`` settings and rtol = atol = 1e-8).
 
     A study file whose ``[model]`` names ``python = "file.py:function"`` is code: loading it
@@ -221,7 +230,7 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     if path.suffix.lower() in PETAB_SUFFIXES:  # a PEtab problem: what the command runs on it is the same
         from ._petab_study import load as load_petab
 
-        return load_petab(path).study_file()
+        return StudyFile.from_petab(load_petab(path))
     text = path.read_text(encoding="utf-8")
     try:
         doc = tomllib.loads(text)
