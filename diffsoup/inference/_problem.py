@@ -55,12 +55,18 @@ FUNCTION_SIGMA_FLOOR = 1e-8
 
 
 def _steady_state(test):
-    """The ``SteadyState`` test (None: its defaults)."""
-    if test is not None:
-        return test
+    """The ``SteadyState`` test (None: its defaults), hashable (per-state ``atol`` as a tuple): it
+    is part of a group's key."""
+    import dataclasses
+
     from ..integrate import SteadyState
 
-    return SteadyState()
+    if test is None:
+        return SteadyState()
+    atol = test.atol
+    if atol is not None and np.ndim(atol) > 0:
+        test = dataclasses.replace(test, atol=tuple(float(x) for x in np.ravel(atol)))
+    return test
 
 
 def _dynamic_cells(e) -> int:
