@@ -348,3 +348,223 @@ def test_feature_validation_names_the_field():
     functional = ds.Study(problem, [experiment(noise=Gaussian(lambda t, h, p: 0.1 + 0.0 * h))], params)
     with pytest.raises(ValueError, match="objective='chi2' with an estimated sigma"):
         InferenceProblem(functional, ["k"], objective="chi2")
+
+
+# ---- pre-equilibration and steady-state times --------------------------------------------------
+
+
+def reversible_problem():
+    """``A <-> B`` (``k1`` forward, ``k2`` back): the total is conserved and the steady state is
+    ``A* = T k2 / (k1 + k2)``; ``a0`` is unused by the right-hand side (for ``y0(p)``)."""
+    spec = ds.ProblemSpec(
+        lambda t, y, p: jnp.stack([-p["k1"] * y[0] + p["k2"] * y[1], p["k1"] * y[0] - p["k2"] * y[1]]),
+        states=["A", "B"], parameters={"k1": 1.0, "k2": 0.5, "a0": 1.0}, y0=[1.0, 0.0], name="reversible",
+    )  # fmt: skip
+    return spec.build()
+
+
+PRE_TIMES = np.array([0.0, 0.3, 1.0, 2.5, np.inf])
+PRE_NOMINAL = {"k1": 1.0, "k2": 0.5, "k1_pre": 0.2, "a_tot": 2.0, "b_add": 0.4, "sd": 0.05}
+
+
+def preequilibrated_nll(v):
+    """The study of :func:`preequilibrated_study` by hand (jax.numpy, so that jax.grad gives the
+    closed form's own gradient): the steady state of the pre-equilibration, the re-initialized
+    state, the relaxation ``A(t) = A_inf + (A(0) - A_inf) exp(-(k1 + k2) t)``."""
+    k1, k2, sd = v["k1"], v["k2"], v["sd"]
+    out = 0.0
+    for e, (total, k1_pre, b_add) in preequilibrated_data().items():
+        total = v["a_tot"] if total is None else total
+        k1_pre = v["k1_pre"] if k1_pre is None else k1_pre
+        b_add = v["b_add"] if b_add is None else b_add
+        a_star = total * k2 / (k1_pre + k2)  # the pre-equilibration's steady state
+        t_main = a_star + b_add  # B re-set to b_add after the pre-equilibration
+        a_inf = t_main * k2 / (k1 + k2)
+        t = np.where(np.isinf(PRE_TIMES), 0.0, PRE_TIMES)
+        a = jnp.where(np.isinf(PRE_TIMES), a_inf, a_inf + (a_star - a_inf) * jnp.exp(-(k1 + k2) * t))
+        h = jnp.stack([a, t_main - a], axis=1)
+        d = DATA_PRE[e]
+        out = out + jnp.sum(0.5 * ((h - d) / sd) ** 2 + jnp.log(sd) + 0.5 * math.log(2 * math.pi))
+    return out
+
+
+def preequilibrated_data():
+    """Experiment id -> (pre-equilibration total (None: ``a_tot``), its k1 (None: ``k1_pre``),
+    re-initialized B (None: ``b_add``))."""
+    return {"named": (None, None, None), "numbers": (1.5, 0.3, 0.1)}
+
+
+DATA_PRE = {
+    "named": np.array([[0.9, 1.5], [0.8, 1.5], [0.7, 1.7], [0.75, 1.6], [0.8, 1.6]]),
+    "numbers": np.array([[1.0, 0.6], [1.0, 0.6], [0.8, 0.7], [0.5, 1.0], [0.55, 1.05]]),
+}
+
+
+def preequilibrated_study():
+    """Two pre-equilibrated experiments with measurements at t0 and at +inf: ``named`` (the
+    pre-equilibration's k1, its start and the re-initialized B are estimated) and ``numbers``
+    (numbers, and a start ``y0(p)`` of the model parameter ``a0``)."""
+    problem = reversible_problem()
+    named = ds.Experiment("named", PRE_TIMES, DATA_PRE["named"], noise=Gaussian("sd"), y0={"B": "b_add"},
+                          preequilibration=Preequilibration(conditions={"k1": "k1_pre"},
+                                                            y0={"A": "a_tot", "B": 0.0}))  # fmt: skip
+    numbers = ds.Experiment("numbers", PRE_TIMES, DATA_PRE["numbers"], noise=Gaussian("sd"), y0={"B": 0.1},
+                            conditions={"a0": 1.5},
+                            preequilibration=Preequilibration(conditions={"k1": 0.3},
+                                                              y0=lambda p: jnp.stack([p["a0"], 0.0 * p["a0"]])))  # fmt: skip
+    params = [Parameter(k, v, v / 5, v * 5) for k, v in PRE_NOMINAL.items()]
+    return ds.Study(problem, [named, numbers], params)
+
+
+@pytest.mark.slow  # forward and adjoint programs of two groups with steady-state solves: ~40 s to compile
+def test_preequilibration_and_steady_state_times_against_the_closed_form():
+    study = preequilibrated_study()
+    problem = InferenceProblem(study, solver=TIGHT)
+    assert len(problem.groups) == 2 and all(g.steady_state is not None for g in problem.groups)
+    theta = problem.nominal + np.linspace(-0.05, 0.05, problem.n_theta)
+    values = {n: float(v) for n, v in problem.parameter_values(theta).items()}
+    expected = float(preequilibrated_nll(values))
+    fwd = ds.lower(problem, gradient="forward")
+    adj = ds.lower(problem, gradient="adjoint")
+    v, g = fwd.value_and_grad(theta)
+    va, ga = adj.value_and_grad(theta)
+    assert abs(v - expected) <= 1e-8 * abs(expected), (v, expected)
+    assert abs(va - v) <= 1e-12 * abs(v)
+    assert _rel(ga, g) <= 1e-7
+    # The closed form's gradient, in theta (log10 scales): d/dtheta = value * ln 10 * d/dvalue.
+    grad = jax.grad(lambda d: preequilibrated_nll(d))({k: jnp.asarray(x) for k, x in values.items()})
+    exact = np.array([float(grad[n]) * values[n] * math.log(10.0) for n in problem.theta_names])
+    assert _rel(g, exact) <= 1e-6, (g, exact)
+    pred = problem.predict(theta, points=3)
+    assert np.all(np.isfinite(pred["named"]["curve"])) and pred["named"]["curve_times"][-1] == 2.5
+
+
+def test_study_with_core_features_matches_scipy():
+    """Per-observable sigma (estimated), an initial state of the parameters, pre-equilibration with
+    an input switched at t0: the value against scipy's solve_ivp at rtol 1e-12 and a hand-written
+    negative log-likelihood."""
+    from scipy.integrate import solve_ivp
+    from scipy.optimize import fsolve
+
+    def rhs(t, y, p):
+        a, b, c = y[0], y[1], y[2]
+        return jnp.stack([p["u"] - p["k1"] * a - p["k3"] * a * c, p["k1"] * a - p["k2"] * b, p["k2"] * b - p["kd"] * c])
+
+    spec = ds.ProblemSpec(rhs, states=["A", "B", "C"], parameters={"u": 1.0, "k1": 0.8, "k2": 0.5, "k3": 0.3,
+                                                                 "kd": 0.4, "a0": 1.0}, y0=[0.0, 0.0, 0.0])  # fmt: skip
+    problem = spec.build()
+    values = {"k1": 0.8, "k2": 0.5, "k3": 0.3, "kd": 0.4, "a0": 1.3, "c0": 0.7, "sd_a": 0.05, "sd_c": 0.08}
+    times = np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+    data = {
+        "pre": np.array([[1.2, 0.9], [1.4, 1.0], [1.5, 1.2], [1.6, 1.3], [1.6, 1.4]]),
+        "fn": np.array([[1.0, 0.2], [0.8, 0.4], [0.7, 0.6], [0.9, 0.9], [1.0, 1.0]]),
+    }
+    obs = lambda y, p: jnp.stack([y[0], y[2]])  # noqa: E731
+    noise = [Gaussian("sd_a"), Gaussian("sd_c")]
+    exps = [
+        ds.Experiment("pre", times, data["pre"], observables=obs, noise=noise, conditions={"u": 2.0},
+                      y0={"C": "c0"}, preequilibration=Preequilibration(conditions={"u": 0.5})),
+        ds.Experiment("fn", times, data["fn"], observables=obs, noise=noise, conditions={"u": 1.0},
+                      y0=lambda p: jnp.stack([p["a0"], 0.5 * p["a0"], 0.0 * p["a0"]])),
+    ]  # fmt: skip
+    params = [Parameter(k, v, v / 4, v * 4) for k, v in values.items()]
+    study = ds.Study(problem, exps, params)
+    low = ds.lower(study, solver=SolverOptions(rtol=1e-11, atol=1e-13, max_steps=20000))
+    value = low.value(low.nominal)
+
+    def f(p):
+        return lambda t, y: np.asarray(rhs(t, y, p), dtype=np.float64)
+
+    def solve(y0, p):
+        sol = solve_ivp(f(p), (0.0, times[-1]), y0, method="Radau", t_eval=times, rtol=1e-12, atol=1e-14)
+        return sol.y.T
+
+    base = {k: values[k] for k in ("k1", "k2", "k3", "kd")}
+    pre_p = dict(base, u=0.5)
+    long = solve_ivp(f(pre_p), (0.0, 200.0), [0.0, 0.0, 0.0], method="Radau", rtol=1e-12, atol=1e-14).y[:, -1]
+    steady = fsolve(lambda y: np.asarray(rhs(0.0, y, pre_p)), long, xtol=1e-14)
+    start = steady.copy()
+    start[2] = values["c0"]
+    sims = {"pre": solve(start, dict(base, u=2.0)),
+            "fn": solve(np.array([1.3, 0.65, 0.0]), dict(base, u=1.0))}  # fmt: skip
+    nll = 0.0
+    for eid, sim in sims.items():
+        h = sim[:, [0, 2]]
+        sd = np.array([values["sd_a"], values["sd_c"]])[None, :]
+        nll += np.sum(0.5 * ((h - data[eid]) / sd) ** 2 + np.log(sd) + 0.5 * math.log(2 * math.pi))
+    assert abs(value - nll) <= 1e-8 * abs(nll), (value, nll)
+
+
+# ---- resets and discontinuities ----------------------------------------------------------------
+
+
+def pulse_problem():
+    """``dA/dt = u [t < t_off] - k A``: an input switched off at ``t_off`` (a discontinuity)."""
+    spec = ds.ProblemSpec(
+        lambda t, y, p: jnp.stack([jnp.where(t < p["t_off"], p["u"], 0.0) - p["k"] * y[0]]),
+        states=["A"], parameters={"u": 1.0, "k": 0.5, "t_off": 1.5, "dose": 0.5}, y0=[0.0], name="pulse",
+    )  # fmt: skip
+    return spec.build()
+
+
+def pulse(t, k, u, t_off, dose, t_dose):
+    """The closed form: input until ``t_off``, then a dose added to A at ``t_dose > t_off``."""
+    a_off = u / k * (1 - jnp.exp(-k * t_off))
+    before = u / k * (1 - jnp.exp(-k * jnp.minimum(t, t_off)))
+    after = a_off * jnp.exp(-k * (t - t_off))
+    a = jnp.where(t < t_off, before, after)
+    return jnp.where(t >= t_dose, a + dose * jnp.exp(-k * (t - t_dose)), a)
+
+
+def test_resets_and_discontinuities_against_the_closed_form():
+    problem = pulse_problem()
+    times = np.array([0.5, 1.5, 2.0, 2.5, 3.0, 4.0])
+    data = np.array([0.4, 0.9, 0.7, 1.1, 0.9, 0.6])[:, None]
+    add = lambda t, y, p: y + p["dose"]  # noqa: E731
+    exps = [
+        ds.Experiment("numbers", times, data, noise=Gaussian(0.1), conditions={"t_off": 1.5},
+                      discontinuities=[1.5], resets=[ds.Reset(2.5, add)]),
+        ds.Experiment("callables", times, data, noise=Gaussian(0.1), conditions={"t_off": 1.2},
+                      discontinuities=lambda p: jnp.stack([p["t_off"]]),
+                      resets=[ds.Reset(lambda p: p["t_off"] + 1.0, add)]),
+    ]  # fmt: skip
+    params = [Parameter("k", 0.5, 0.1, 2.0), Parameter("u", 1.0, 0.1, 5.0), Parameter("dose", 0.5, 0.1, 2.0)]
+    study = ds.Study(problem, exps, params)
+    problem_ = InferenceProblem(study, solver=TIGHT)
+    assert len(problem_.groups) == 2
+    theta = problem_.nominal + np.array([0.03, -0.02, 0.04])
+
+    def nll(th):
+        k, u, dose = (10.0 ** th[i] for i in range(3))
+        total = 0.0
+        for t_off, t_dose in ((1.5, 2.5), (1.2, 2.2)):
+            h = pulse(jnp.asarray(times), k, u, t_off, dose, t_dose)[:, None]
+            total = total + jnp.sum(0.5 * ((h - data) / 0.1) ** 2 + math.log(0.1) + 0.5 * math.log(2 * math.pi))
+        return total
+
+    # Forward mode only: adjoints through resets are tests/test_resets_steady_state.py's (and cost
+    # twice the compile time).
+    v, g = ds.lower(problem_, gradient="forward").value_and_grad(theta)
+    expected = float(nll(jnp.asarray(theta)))
+    assert abs(v - expected) <= 1e-9 * abs(expected), (v, expected)
+    assert _rel(g, np.asarray(jax.grad(nll)(jnp.asarray(theta)))) <= 1e-6
+
+
+def test_multishoot_from_an_estimated_initial_amount_and_offsets_of_subsets():
+    """Window starts simulated from ``y0={"A": "a0"}`` at the nominal point: the multiple-shooting
+    value equals the single-shooting one (continuity holds there); offsets of subsets add up."""
+    problem = decay_problem()
+    data = decay(TIMES, 0.7, 2.0) * 1.05
+    params = [Parameter("k", 0.7, 0.1, 5.0), Parameter("a0", 2.0, 0.5, 5.0), Parameter("sd", 0.1, 0.01, 1.0)]
+    single = ds.Experiment("e", TIMES, data, noise=[Gaussian("sd"), Laplace(0.2)], y0={"A": "a0"})
+    shot = single.with_trajectory(ds.inference.Multishoot(windows=2, init="simulate"))
+    values = []
+    for e in (single, shot):
+        ip = InferenceProblem(ds.Study(problem, [e], params), solver=TIGHT,
+                              window_store=ds.inference.MemoryWindowCache())  # fmt: skip
+        values.append(ds.lower(ip).value(ip.nominal))
+    assert abs(values[1] - values[0]) <= 1e-8 * abs(values[0])
+    two = ds.Study(problem, [single, ds.Experiment("f", TIMES, data, noise=Gaussian(0.1))], params)
+    ip = InferenceProblem(two)
+    assert ip.offset_of([0]) + ip.offset_of([1]) == pytest.approx(ip.offset, rel=1e-14)
+    assert ip.offset_of([0, 1]) == ip.offset

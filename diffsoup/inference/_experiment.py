@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -73,7 +72,7 @@ class Experiment:
         discontinuities: times where the right-hand side jumps (steps land on them): a sequence
             of numbers or a callable ``discontinuities(p) -> (d,)``.
         steady_state: the ``ds.integrate.SteadyState`` test of the ``+inf`` times (None: its
-            defaults).
+            defaults, ``SteadyState()``).
 
     Raises:
         ValueError: naming the experiment and the field, for times out of order, negative or not
@@ -159,6 +158,12 @@ class Experiment:
             )
         self.resets = _checked_resets(resets, where)
         self.discontinuities = _checked_discontinuities(discontinuities, where)
+        from ..integrate import SteadyState
+
+        if steady_state is None:
+            steady_state = SteadyState()
+        elif not isinstance(steady_state, SteadyState):
+            raise TypeError(f"{where}: steady_state must be a ds.integrate.SteadyState, not {type(steady_state).__name__}.")
         self.steady_state = steady_state
         self.groups = dict(groups or {})
         for k, v in self.groups.items():
@@ -330,24 +335,18 @@ def _object_numbers(cells: np.ndarray, where: str, label: str) -> np.ndarray:
 
 
 def _checked_resets(resets, where: str) -> tuple:
+    from ..integrate import Reset
+
     if resets is None:
         return ()
+    if isinstance(resets, Reset):
+        return (resets,)
     if not isinstance(resets, (list, tuple)):
-        resets = (resets,)
-    out = []
+        raise TypeError(f"{where}: resets must be a sequence of ds.Reset(time, apply), not {type(resets).__name__}.")
     for i, r in enumerate(resets):
-        time, apply = getattr(r, "time", None), getattr(r, "apply", None)
-        if time is None or not callable(apply):
+        if not isinstance(r, Reset):
             raise TypeError(f"{where}: resets[{i}] must be a ds.Reset(time, apply), not {r!r}.")
-        if not callable(time):
-            try:
-                t = float(time)
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: resets[{i}].time={time!r} must be a number or a callable time(p).") from None
-            if not math.isfinite(t):
-                raise ValueError(f"{where}: resets[{i}].time={time!r} must be finite.")
-        out.append(r)
-    return tuple(out)
+    return tuple(resets)
 
 
 def _checked_discontinuities(discs, where: str):

@@ -77,7 +77,7 @@ class Preequilibration:
             ``y0``; an array; a mapping state name -> number or study-parameter name over the
             model's ``y0``; a callable ``y0(p)`` of the pre-equilibration's model parameters).
         steady_state: the ``ds.integrate.SteadyState`` test that ends the solve (None: its
-            defaults).
+            defaults, ``SteadyState()``: the solve's own tolerances).
 
     Raises:
         ValueError: for conditions or y0 of the wrong form.
@@ -91,3 +91,11 @@ class Preequilibration:
         where = "Preequilibration"
         object.__setattr__(self, "conditions", checked_parameter_values(self.conditions, where, "conditions"))
         object.__setattr__(self, "y0", checked_initial_state(self.y0, where, "y0"))
+        from ..integrate import SteadyState
+
+        if self.steady_state is None:
+            object.__setattr__(self, "steady_state", SteadyState())
+        elif not isinstance(self.steady_state, SteadyState):
+            raise TypeError(
+                f"{where}: steady_state must be a ds.integrate.SteadyState, not {type(self.steady_state).__name__}."
+            )

@@ -55,12 +55,18 @@ FUNCTION_SIGMA_FLOOR = 1e-8
 
 
 def _steady_state(test):
-    """The ``SteadyState`` test (None: its defaults)."""
-    if test is not None:
-        return test
+    """The ``SteadyState`` test (None: its defaults), hashable (per-state ``atol`` as a tuple): it
+    is part of a group's key."""
+    import dataclasses
+
     from ..integrate import SteadyState
 
-    return SteadyState()
+    if test is None:
+        return SteadyState()
+    atol = test.atol
+    if atol is not None and np.ndim(atol) > 0:
+        test = dataclasses.replace(test, atol=tuple(float(x) for x in np.ravel(atol)))
+    return test
 
 
 def _dynamic_cells(e) -> int:
@@ -288,7 +294,7 @@ class InferenceProblem:
             tuple(name for name, _ in r["observable_plan"]), tuple(c.kind for c in e.noise_columns), sigma,
             functions, r["k"], trajectory_signature(e.trajectory), r["y0_function"],
             bool(np.any(r["y0_entry"] >= 0)), pre, tuple((x.time if callable(x.time) else None, x.apply) for x in e.resets),
-            e.discontinuities if callable(e.discontinuities) else len(e.discontinuities),
+            e.discontinuities if callable(e.discontinuities) else bool(e.discontinuities),
             _steady_state(e.steady_state) if e.n_steady_times else None,
         )  # fmt: skip
 
@@ -304,6 +310,8 @@ class InferenceProblem:
              discs, steady) = key  # fmt: skip
             exps = [study.experiments[i] for i in members]
             points = max(window_layout(e, e.trajectory)[3].shape[1] for e in exps) if windows else 0
+            if discs is True:  # numbers: padded with +inf (none) to the group's most
+                discs = max(len(e.discontinuities) for e in exps)
             out.append(Group(
                 exps[0].observables, noise, sigma, k, max(e.times.shape[0] for e in exps), tuple(members), windows,
                 points, n if windows else 0, observables_take_time=take_time, observable_parameters=op_names,
@@ -379,8 +387,8 @@ class InferenceProblem:
                 arr["pre_y0_entry"] = np.full((n_lanes, n), -1, dtype=np.int32)
         if group.resets:
             arr["reset_times"] = np.zeros((n_lanes, len(group.resets)))
-        if isinstance(group.discontinuities, int) and group.discontinuities:
-            arr["discs"] = np.zeros((n_lanes, group.discontinuities))
+        if not callable(group.discontinuities) and group.discontinuities:
+            arr["discs"] = np.full((n_lanes, group.discontinuities), np.inf)
         for lane, idx in enumerate(order):
             real = idx >= 0
             e = study.experiments[idx if real else pad_source]
@@ -423,7 +431,7 @@ class InferenceProblem:
                 if not callable(x.time):
                     arr["reset_times"][lane, i] = float(x.time)
             if "discs" in arr:
-                arr["discs"][lane] = e.discontinuities
+                arr["discs"][lane, : len(e.discontinuities)] = e.discontinuities
             if W:
                 edges, wof, pos, wt = window_layout(e, e.trajectory)
                 arr["win_t0"][lane] = edges[:-1]

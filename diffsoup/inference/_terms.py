@@ -59,7 +59,8 @@ class Group:
         y0_function: the ``y0(p)`` callable, or None; y0_entries: ``y0`` names estimated entries.
         preequilibration: a :class:`Preequilibrated`, or None.
         resets: per reset ``(time callable or None, apply)``.
-        discontinuities: their count (numbers in the arrays) or the callable.
+        discontinuities: their most in an experiment (numbers in the arrays, padded with +inf) or
+            the callable.
         steady_state: the ``SteadyState`` test of ``+inf`` times, or None when there are none.
     """
 
@@ -228,13 +229,13 @@ class LaneTerms:
         y0 = self._initial(full, a, pv, group.y0_function, group.y0_entries, "")
         if pre is None:
             return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
-        from ..integrate import SteadyState, simulate
+        from ..integrate import simulate
 
         pre_pv = jnp.where(a["pre_keep"], pv, _gather(full, a["pre_entry"], a["pre_fixed"]))
         start = self._initial(full, a, pre_pv, pre.y0_function, pre.y0_entries, "pre_")
         sol = simulate(self.problem, start, jnp.full((1,), jnp.inf, self.problem.dtype), pre_pv, t0=a["t0"],
                        rtol=ops.rtol, atol=ops.atol, max_steps=ops.max_steps, adjoint=adjoint, throw=False,
-                       steady_state=pre.steady_state if pre.steady_state is not None else SteadyState())  # fmt: skip
+                       steady_state=pre.steady_state)  # fmt: skip
         y_main = jnp.where(a["y0_set"], y0, sol.ys[-1])
         return y_main, sol.status, sol.stats["n_steps"]
 
