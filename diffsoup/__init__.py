@@ -38,5 +38,5 @@ from ._lazy import lazy_attributes
 # Subpackages of the higher layers (and the heavier dependencies they bring) load on first access.
 __getattr__, __dir__ = lazy_attributes(
     __name__,
-    submodules=("inference", "formats", "store", "distributed", "examples", "plots", "workflows", "cli"),
+    submodules=("inference", "formats", "petab", "store", "distributed", "examples", "plots", "workflows", "cli"),
 )
