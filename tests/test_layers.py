@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "diffsoup.integrate": 4,
     "diffsoup.inference": 5,
     "diffsoup.formats": 6,
+    "diffsoup.petab": 6,  # ds.petab: the PEtab importer of formats, re-exported
     "diffsoup.store": 7,
     "diffsoup.distributed": 8,
     "diffsoup.workflows": 9,
