@@ -423,13 +423,17 @@ V2_DATA = ("experiment,time,A,signal\nplain,0.5,0.8,0.6\nplain,1.5,0.7,1.1\nplai
            "primed,0.5,0.5,1.0\nprimed,2.0,0.45,1.2\n")
 
 
-def test_v2_file_gives_the_study_built_by_hand(tmp_path):
+@pytest.mark.parametrize("steady", [False, True], ids=["finite-times", "steady-state-row"])
+def test_v2_file_gives_the_study_built_by_hand(tmp_path, steady):
     import jax.numpy as jnp
 
     from diffsoup.inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Parameter, Preequilibration
 
-    sf = load_study(write(tmp_path, V2, {"v2.csv": V2_DATA}))
+    # time = inf: a steady-state measurement (the data file's time column accepts 'inf').
+    data = V2_DATA + ("primed,inf,0.46,1.3\n" if steady else "")
+    sf = load_study(write(tmp_path, V2, {"v2.csv": data}))
     assert sf.format == "diffsoup-study/2"
+    assert (sf.study.experiments[1].times[-1] == np.inf) == steady
     plain, primed = sf.study.experiments
     assert [type(n).__name__ for n in plain.noise] == ["LogNormal", "Laplace"] and plain.noise[0].base == 10
     assert [type(n).__name__ for n in primed.noise] == ["LogLaplace", "Gaussian"]

@@ -60,7 +60,7 @@ class DataTable(NamedTuple):
         sigmas = np.full((len(rows), len(names)), np.nan)
         times = np.empty(len(rows))
         for i, (row, line) in enumerate(zip(rows, lines)):
-            times[i] = _cell(row[header.index("time")], file, line, "time")
+            times[i] = _cell(row[header.index("time")], file, line, "time", steady_state=True)
             for j, n in enumerate(names):
                 values[i, j] = _cell(row[header.index(n)], file, line, n, missing=True)
                 if f"sigma:{n}" in header:
@@ -105,7 +105,11 @@ def read_data_table(file: Path) -> DataTable:
     return DataTable(file, header, rows, lines)
 
 
-def _cell(text: str, file: Path, line: int, column: str, *, missing: bool = False) -> float:
+def _cell(text: str, file: Path, line: int, column: str, *, missing: bool = False,
+          steady_state: bool = False) -> float:  # fmt: skip
+    """One number of a data file; ``steady_state``: ``inf`` is allowed (a steady-state measurement)."""
+    if steady_state and text.lower() in ("inf", "+inf"):
+        return math.inf
     if missing and text.lower() in ("", "nan", "na"):
         return math.nan
     try:
@@ -113,6 +117,7 @@ def _cell(text: str, file: Path, line: int, column: str, *, missing: bool = Fals
     except ValueError:
         raise StudyFileError(f"column {column!r}: {text!r} is not a number", path=file, line=line) from None
     if not math.isfinite(value):
-        raise StudyFileError(f"column {column!r}: {text!r} must be finite (leave a missing value empty)",
+        hint = " or 'inf' (a steady-state measurement)" if steady_state else " (leave a missing value empty)"
+        raise StudyFileError(f"column {column!r}: {text!r} must be finite{hint}",
                              path=file, line=line) from None  # fmt: skip
     return value
