@@ -28,7 +28,6 @@ client or allocation computes only the chunks not yet written.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import hashlib
 import inspect
@@ -60,7 +59,7 @@ class EnsembleWrite:
 
     Attributes:
         path: the store.
-        run: this write's number in the store (1 for the first).
+        run: this write's number in the store (1 for the first; 0 when nothing was missing).
         chunks: chunks of the ensemble.
         written: chunks this run wrote (the others were complete before it, or are still missing
             if it failed).
@@ -221,7 +220,8 @@ def _write_result(target: EnsembleStore, run: int, written: int, seconds: float)
 
 def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: int, client, resources,
                            progress) -> None:  # fmt: skip
-    """Compute ``stored`` (Dask's store graph) while reporting the chunks marked in the store."""
+    """Compute ``stored`` (Dask's store graph) here, while a thread reports the chunks marked in
+    the store about once a second (so that Ctrl-C reaches the computation)."""
     from ._progress import ProgressBar
 
     bar = None
@@ -232,46 +232,32 @@ def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: 
         report = lambda done: progress(done, total)  # noqa: E731
     else:
         report = None
-    if client is not None:
-        future = client.compute(stored, resources=dict(resources) or None)
-        wait, result = (lambda s: _wait_future(future, s)), future.result
-    else:
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="diffsoup-ensemble")
-        job = pool.submit(stored.compute)
-        pool.shutdown(wait=False)
-        wait, result = (lambda s: _wait_job(job, s)), job.result
-    try:
-        while not wait(1.0):
-            if report is not None:
-                report(target.completed())
-        result()
-        if report is not None:
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(1.0):
             report(target.completed())
-    except BaseException:
+
+    reporter = threading.Thread(target=poll, name="diffsoup-ensemble-progress", daemon=True) if report else None
+    if reporter is not None:
+        reporter.start()
+    try:
         if client is not None:
-            future.cancel()
-        raise
+            future = client.compute(stored, resources=dict(resources) or None)
+            try:
+                future.result()
+            except BaseException:
+                future.cancel()
+                raise
+        else:
+            stored.compute()
     finally:
+        stop.set()
+        if reporter is not None:
+            reporter.join()
+            report(target.completed())
         if bar is not None:
             bar.close()
-
-
-def _wait_future(future, seconds: float) -> bool:
-    """Whether ``future`` finished within ``seconds`` (polled: works without a default client)."""
-    end = time.monotonic() + seconds
-    while not future.done():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _wait_job(job, seconds: float) -> bool:
-    try:
-        job.exception(timeout=seconds)
-    except concurrent.futures.TimeoutError:
-        return False
-    return True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,7 +277,7 @@ def _restore(cls, token: str, state: dict):
         if found is None:
             found = cls.__new__(cls)
             found.__dict__.update(state)
-            found._jitted = None
+            found._jitted, found._lock = None, threading.Lock()
             _PROGRAMS[token] = found
             while len(_PROGRAMS) > _KEPT_PROGRAMS:
                 _PROGRAMS.popitem(last=False)
@@ -320,8 +306,6 @@ class _ChunkProgram:
         return (_restore, (type(self), self.token, state))
 
     def _program(self):
-        if getattr(self, "_lock", None) is None:
-            self._lock = threading.Lock()
         with self._lock:
             if self._jitted is None:
                 self._jitted = self._build()
