@@ -42,7 +42,7 @@ def build_ensemble():
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("store")
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep after each chunk's solve")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep after each chunk is written")
     args = parser.parse_args()
     from dask.callbacks import Callback
 
@@ -50,7 +50,7 @@ def main() -> int:
 
     def slow(key, result, dsk, state, worker_id):
         name = key[0] if isinstance(key, tuple) else key
-        if str(name).startswith("diffsoup-ensemble"):
+        if str(name).startswith("store-map"):  # one per chunk: Dask's write of it
             time.sleep(args.delay)
 
     with Callback(posttask=slow):

@@ -90,6 +90,20 @@ def test_named_parameter_columns_keep_the_other_defaults(network):
     np.testing.assert_allclose(ens.compute()[0], ref, rtol=1e-12, atol=1e-12)
 
 
+def test_the_chunk_size_setting_sets_the_chunks(network):
+    import dask
+
+    problem, params, _ = network
+    with dask.config.set({"diffsoup.ensemble.chunk-size": 10}):
+        ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES)
+        draws = ds.distributed.sample(_box(), 32, seed=0)
+    assert ens.values.chunks[0] == (10, 10, 2) and draws.chunks[0] == (10, 10, 10, 2)
+    assert ds.distributed.ensemble(problem, params=params, t_eval=TIMES).chunk_size == 1024  # shipped default
+    study = _decay_study()
+    with dask.config.set({"diffsoup.ensemble.chunk-size": 9}):  # a study's chunks: that many simulations' worth
+        assert ds.distributed.ensemble(study, params=np.ones((5, 1))).chunk_size == 4
+
+
 def test_bad_input_names_the_field(network):
     problem, params, _ = network
     with pytest.raises(ValueError, match="give t_eval"):

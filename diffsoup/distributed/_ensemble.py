@@ -762,7 +762,8 @@ def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_
         "times": times.tolist(), "table": [repr(p) for p in study.parameters], "levels": list(study.levels),
         "parameters": list(names), "observables": observables, "solver": repr(solver),
         "inputs": dask.base.tokenize(params_da), "rows": rows, "chunk_rows": rows_c, "outputs": list(output_names),
-        "y0": [repr(e.y0) for e in study.experiments], "conditions": [repr(e.conditions) for e in study.experiments],
+        "y0": [_source(e.y0) if callable(e.y0) else repr(e.y0) for e in study.experiments],
+        "conditions": [repr(e.conditions) for e in study.experiments],
     }  # fmt: skip
     layout = EnsembleLayout(
         rows=rows, chunk_rows=rows_c, values_name="observables",

@@ -62,9 +62,14 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
     where = _describe(client) if client is not None else "in this process"
     log(f"[diffsoup] simulating {sf.name} at {samples} draws ({sampler}, seed {seed}) of "
         f"{len(ens.parameter_names)} parameters: {samples * len(sf.study.experiments)} simulations in "
-        f"{ens.layout.n_chunks} chunks of {ens.chunk_size} draws, {where} -> {path}")  # fmt: skip
+        f"{ens.layout.n_chunks} chunk(s) of {ens.chunk_size} draws, {where} -> {path}")  # fmt: skip
     t0 = time.perf_counter()
-    written = ens.to_zarr(path, resume=resume, overwrite=not resume, client=client, progress=progress)
+    try:
+        written = ens.to_zarr(path, resume=resume, overwrite=not resume, client=client, progress=progress)
+    except ValueError as exc:
+        if "holds another ensemble" not in str(exc):
+            raise
+        raise ValueError(f"{exc} (From the command: --restart replaces it, or choose another --out.)") from None
     seconds = time.perf_counter() - t0
     resumed = written.chunks - written.written  # complete now: the others were there before
     log(f"[diffsoup] {written.written} chunks written in {seconds:.1f} s"
