@@ -27,6 +27,7 @@ client or allocation computes only the chunks not yet written.
 
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import hashlib
@@ -34,6 +35,7 @@ import inspect
 import json
 import threading
 import time
+import typing
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -286,9 +288,9 @@ def _restore(cls, token: str, state: dict):
         return found
 
 
-class _ChunkProgram:
+class _ChunkProgram(abc.ABC):
     """Callable on a chunk's blocks, returning its combined rows (NumPy, float64); pickled by
-    reference to a per-process registry (see :func:`_restore`)."""
+    reference to a per-process registry (see :func:`_restore`), built on first call."""
 
     token: str
     rows: int
@@ -311,8 +313,13 @@ class _ChunkProgram:
                 self._jitted = self._build()
             return self._jitted
 
-    def _build(self):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _build(self) -> Any:
+        """What :meth:`_program` returns, made once per process (a jitted function, say)."""
+
+    @abc.abstractmethod
+    def __call__(self, *blocks) -> np.ndarray:
+        """The combined rows ``(c, width)`` of one chunk's input blocks."""
 
 
 def _pad(block: np.ndarray, rows: int) -> np.ndarray:
@@ -322,7 +329,10 @@ def _pad(block: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([block, np.repeat(block[-1:], rows - block.shape[0], axis=0)])
 
 
+@typing.final
 class _ProblemChunk(_ChunkProgram):
+    """A problem's chunk: one jitted, vmapped ``ds.simulate`` (and observables) on the padded rows."""
+
     def __init__(self, problem, t_eval, columns, defaults, observables, with_t, options, y0, rows):
         super().__init__(rows)
         self.problem, self.t_eval, self.columns = problem, t_eval, columns
@@ -354,8 +364,6 @@ class _ProblemChunk(_ChunkProgram):
     def __call__(self, params_block, y0_block=None):
         params_block = np.asarray(params_block, dtype=np.float64)
         c = params_block.shape[0]
-        if c == 0:
-            return np.zeros((0, params_block.shape[1] + 1), np.float64)
         full = np.repeat(np.asarray(self.defaults, np.float64)[None], self.rows, axis=0)
         full[:, self.columns] = _pad(params_block, self.rows)
         y0 = self.y0 if y0_block is None else _pad(np.asarray(y0_block, np.float64), self.rows)
@@ -368,7 +376,11 @@ class _ProblemChunk(_ChunkProgram):
         )
 
 
+@typing.final
 class _StudyChunk(_ChunkProgram):
+    """A study's chunk: ``InferenceProblem.predict`` at each draw (one jitted, vmapped program per
+    group of experiments, compiled once per process by ``predict``'s own cache)."""
+
     def __init__(self, problem, theta_columns, theta_scales, shape, rows):
         super().__init__(rows)
         self.problem = problem  # an InferenceProblem of the study (single shooting)
@@ -376,7 +388,7 @@ class _StudyChunk(_ChunkProgram):
         self.shape = shape  # (experiments, times, observables)
 
     def _build(self):
-        return self.problem  # predict() compiles one program per group, once
+        return self.problem  # the same object for every chunk: predict()'s compiled programs are reused
 
     def __call__(self, params_block):
         params_block = np.asarray(params_block, dtype=np.float64)
