@@ -60,6 +60,8 @@ def test_a_problem_ensemble_equals_simulate_row_by_row_for_numpy_and_dask_inputs
     ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=8, rtol=1e-8, atol=1e-10)
     assert ens.shape == ens.values.shape == (22, 5, 6) and ens.status.shape == (22,)
     assert ens.values.chunks[0] == (8, 8, 6) and ens.dims == ("experiment", "time", "output")
+    lazy_values, lazy_status = ens  # unpacks as the two lazy arrays
+    assert lazy_values.shape == (22, 5, 6) and lazy_status.dtype == np.int32
     values, status = ens.compute(scheduler="sync")
     np.testing.assert_allclose(values, ref, rtol=1e-12, atol=1e-12)
     assert status.dtype == np.int32 and np.array_equal(status, ref_status) and np.all(status == 0)

@@ -117,6 +117,10 @@ class Ensemble:
         start = len(lay.parameter_names) + lay.value_width
         return self.combined[:, start:].astype(np.int32).reshape(lay.rows, *lay.status_shape)
 
+    def __iter__(self):
+        """``values, status = ds.distributed.ensemble(...)``: the two lazy arrays."""
+        return iter((self.values, self.status))
+
     @property
     def parameter_names(self) -> tuple[str, ...]:
         return self.layout.parameter_names
