@@ -1,7 +1,8 @@
 """Execution across processes and machines: ``run`` (a study over Dask workers or the processes of a
 multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary``, ``owns``,
 ``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``),
-``world``, and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
+``world``, ensembles (``ensemble``: many simulations as a lazy Dask array, written to Zarr;
+``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
 (``SlurmProfile``, ``read_profile``), ``cluster_client``).
 
 Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
@@ -17,6 +18,9 @@ from ._clusters import ClusterConnectionError as ClusterConnectionError
 from ._clusters import cluster_client as cluster_client
 from ._clusters import embedded_cluster as embedded_cluster
 from ._clusters import slurm_cluster as slurm_cluster
+from ._ensemble import Ensemble as Ensemble
+from ._ensemble import EnsembleWrite as EnsembleWrite
+from ._ensemble import ensemble as ensemble
 from ._process_campaign import device_group as device_group
 from ._profile import SlurmProfile as SlurmProfile
 from ._profile import read_profile as read_profile
@@ -28,6 +32,10 @@ from ._runtime import is_primary as is_primary
 from ._runtime import key as key
 from ._runtime import local_value as local_value
 from ._runtime import owns as owns
+from ._samplers import SaltelliDesign as SaltelliDesign
+from ._samplers import sample as sample
+from ._samplers import saltelli as saltelli
+from ._samplers import sobol_indices as sobol_indices
 from ._tasks import CampaignResult as CampaignResult
 from ._tasks import TaskRecord as TaskRecord
 from ._world import World as World

@@ -31,6 +31,10 @@ from ._parts import ResidualsPart as ResidualsPart
 from ._parts import ValuePart as ValuePart
 from ._parts import combine_parts as combine_parts
 from ._problem import InferenceProblem as InferenceProblem
+from ._samplers import ParameterBox as ParameterBox
+from ._samplers import SobolIndices as SobolIndices
+from ._samplers import latin_hypercube as latin_hypercube
+from ._samplers import sobol as sobol
 from ._solver_options import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study

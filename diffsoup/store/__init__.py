@@ -1,4 +1,4 @@
-"""Stores: the JSON ledger of campaigns, and beside it the Zarr stores of window starts and results.
+"""Stores: the JSON ledger of campaigns, and beside it the Zarr stores of window starts, results and ensembles.
 
 Importing this package imports neither Dask nor zarr: the Zarr stores load on first access.
 """
@@ -27,5 +27,8 @@ __getattr__, __dir__ = lazy_attributes(
         "read_fit": "diffsoup.store._results",
         "write_simulation": "diffsoup.store._results",
         "write_summary": "diffsoup.store._results",
+        "EnsembleStore": "diffsoup.store._ensemble_store",
+        "EnsembleLayout": "diffsoup.store._ensemble_store",
+        "ENSEMBLE_FORMAT": "diffsoup.store._ensemble_store",
     },
 )
