@@ -1,8 +1,10 @@
 """Experiments, studies, objectives, fitting, multiple shooting, and campaigns of independent fits.
 
 Some documented names of this package are defined in higher layers and re-exported here lazily
-(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map`` and
-``world`` live in :mod:`diffsoup.distributed` beside the other execution code (Dask), and
+(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map``,
+``world`` and the campaign drivers ``profile`` (profile likelihoods, one task per parameter) and
+``multistart`` (one task per start) live in :mod:`diffsoup.distributed` beside the other
+execution code (Dask), and
 ``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
@@ -11,6 +13,7 @@ from ._balance import balance_owners as balance_owners
 from ._experiment import Experiment as Experiment
 from ._experiment import Gaussian as Gaussian
 from ._experiment import LogNormal as LogNormal
+from ._fides import Fides as Fides
 from ._fit import FitResult as FitResult
 from ._fit import StartResult as StartResult
 from ._fit import fit as fit
@@ -18,6 +21,11 @@ from ._lower import LoweredStudy as LoweredStudy
 from ._lower import default_block_limit as default_block_limit
 from ._lower import lower as lower
 from ._multishoot import Multishoot as Multishoot
+from ._optimizers import LBFGSB as LBFGSB
+from ._optimizers import TRF as TRF
+from ._optimizers import AbstractOptimizer as AbstractOptimizer
+from ._parameter_table import parameter_table as parameter_table
+from ._parameter_table import write_parameter_table as write_parameter_table
 from ._parts import AbstractPart as AbstractPart
 from ._parts import GaussNewtonPart as GaussNewtonPart
 from ._parts import GradientPart as GradientPart
@@ -27,6 +35,12 @@ from ._parts import ResidualsPart as ResidualsPart
 from ._parts import ValuePart as ValuePart
 from ._parts import combine_parts as combine_parts
 from ._problem import InferenceProblem as InferenceProblem
+from ._profile_likelihood import ParameterProfile as ParameterProfile
+from ._profile_likelihood import ProfileOptions as ProfileOptions
+from ._profile_likelihood import ProfileResult as ProfileResult
+from ._profile_likelihood import profile_parameter as profile_parameter
+from ._pypesto import pypesto_objective as pypesto_objective
+from ._pypesto import pypesto_problem as pypesto_problem
 from ._solver_options import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study
@@ -47,6 +61,8 @@ __getattr__, __dir__ = lazy_attributes(
         "CampaignResult": "diffsoup.distributed",
         "world": "diffsoup.distributed",
         "World": "diffsoup.distributed",
+        "profile": "diffsoup.distributed._profile_runs",
+        "multistart": "diffsoup.distributed._start_runs",
         "load_study": "diffsoup.formats",
         "StudyFile": "diffsoup.formats",
         "StudyFileError": "diffsoup.formats",
