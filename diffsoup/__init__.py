@@ -25,6 +25,7 @@ from .integrate import PIController as PIController
 from .integrate import ConstantStep as ConstantStep
 from .integrate import ForwardMode as ForwardMode
 from .integrate import CheckpointAdjoint as CheckpointAdjoint
+from .integrate import Reset as Reset
 from . import linear as linear
 from .inference._experiment import Experiment as Experiment
 from .inference._study import Study as Study
@@ -37,5 +38,5 @@ from ._lazy import lazy_attributes
 # Subpackages of the higher layers (and the heavier dependencies they bring) load on first access.
 __getattr__, __dir__ = lazy_attributes(
     __name__,
-    submodules=("inference", "formats", "store", "distributed", "examples", "plots", "workflows", "cli"),
+    submodules=("inference", "formats", "petab", "store", "distributed", "examples", "plots", "workflows", "cli"),
 )

@@ -2,7 +2,8 @@
 
     diffsoup demo                     solve and differentiate reference stiff problems, then write a
                                       demo study file and fit it on the embedded default
-    diffsoup check STUDY.toml         read a study file and say what it holds (or what is wrong)
+    diffsoup check STUDY.toml         read a study file and say what it holds (or what is wrong);
+                                      STUDY may also be a PEtab v1 problem's YAML file
     diffsoup simulate STUDY.toml      simulate every experiment; trajectories, summary, plots
     diffsoup fit STUDY.toml           multistart fit; results, summary, plots
     diffsoup campaign STUDY.toml      the starts as a resumable campaign (JSON ledger)
@@ -18,7 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-STUDY_HELP = "the study file (TOML, format diffsoup-study/1; see the README's 'Study files')"
+STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
+              "problem's YAML file")
 
 EPILOG = """\
 where the work runs (fit, campaign):
@@ -39,6 +41,7 @@ examples:
   diffsoup fit study.toml -o results/ --starts 8
   diffsoup campaign study.toml -o results/ --starts 64 --slurm jobs/profile.example.toml
   diffsoup simulate study.toml -o sim/ --from-fit results/results.zarr
+  diffsoup fit Boehm_JProteomeRes2014.yaml -o boehm/ --in-process      (a PEtab v1 problem)
 """
 
 
@@ -112,7 +115,11 @@ def _check(args) -> int:
     _enable_x64()
     sf = _load(args)
     study = sf.study
-    print(f"{sf.path}: study {sf.name!r} (format diffsoup-study/1)")
+    if sf.petab is not None:
+        print(f"{sf.path}: PEtab v1 problem {sf.name!r} ({len(sf.petab.tables.measurements)} measurements, "
+              f"observable columns {', '.join(sf.petab.columns)})")  # fmt: skip
+    else:
+        print(f"{sf.path}: study {sf.name!r} (format {sf.format})")
     print(f"  model: {study.problem.spec.name} with {study.problem.n_states} states "
           f"({', '.join(study.problem.state_names[:8])}{', ...' if study.problem.n_states > 8 else ''})")  # fmt: skip
     print(f"  experiments: {len(study.experiments)}, measured values: {sum(e.n_measured for e in study.experiments)}")

@@ -324,3 +324,47 @@ def test_diffsoup_errors_print_as_one_line(tmp_path, monkeypatch, capsys):
     assert code == 1 and len(err.strip().splitlines()) == 1 and "DIFFSOUP_TRACEBACK=1" in err
     with pytest.raises(TypeError):
         failing(lambda: np.zeros(2).reshape("x"))
+
+
+# ------------------------------------------------------------------------------------------------
+# PEtab problems: the commands take a PEtab YAML file wherever they take a study file
+# ------------------------------------------------------------------------------------------------
+
+PETAB = os.path.join(os.path.dirname(__file__), "data", "petab")
+
+
+def test_check_reads_a_petab_problem_and_reports_a_bad_table_by_file_row_and_column(tmp_path):
+    import shutil
+
+    name = "Bruno_JExpBot2016"
+    proc = diffsoup("check", os.path.join(PETAB, name, f"{name}.yaml"))
+    assert f"PEtab v1 problem {name!r} (77 measurements" in proc.stdout
+    assert "experiments: 6" in proc.stdout and "parameters: 13 (13 estimated)" in proc.stdout
+    assert "solver: rtol=1e-08, atol=1e-08" in proc.stdout
+    folder = tmp_path / name
+    shutil.copytree(os.path.join(PETAB, name), folder)
+    table = folder / f"measurementData_{name}.tsv"
+    lines = table.read_text().splitlines()
+    lines[3] = lines[3].replace("model1_data1", "no_such_condition", 1)
+    table.write_text("\n".join(lines) + "\n")
+    proc = diffsoup("check", folder / f"{name}.yaml", check=False)
+    assert proc.returncode == 2
+    assert (f"{table}, row 3 (line 4), column 'simulationConditionId': 'no_such_condition' is not in the condition "
+            "table") in proc.stderr  # fmt: skip
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_campaign_on_a_petab_problem_writes_the_fit_and_the_simulation_table(tmp_path):
+    name = "Boehm_JProteomeRes2014"
+    yaml = os.path.join(PETAB, name, f"{name}.yaml")
+    out = tmp_path / "campaign"
+    diffsoup("campaign", yaml, "-o", out, "--starts", 2, "--max-nfev", 4, "--in-process", "--no-plots")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["campaign"]["accepted"] == 2 and summary["experiments"] == 1
+    assert summary["petab_simulation_table"] == "simulation.tsv"
+    assert len(summary["parameters"]) == 9
+    import pandas as pd
+
+    table = pd.read_csv(out / "simulation.tsv", sep="\t")
+    assert len(table) == 48 and "simulation" in table and np.all(np.isfinite(table["simulation"]))

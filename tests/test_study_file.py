@@ -350,3 +350,138 @@ def test_deeply_nested_observables_are_refused_by_line(tmp_path, expression):
     assert "nested" in str(err)
     # a sum of 150 species-sized terms is still an observable
     assert observable_of(tmp_path, "+".join(["A"] * 150))(np.array([0.5, 0.0, 0.0]), {"k2": 0.5})[1] == 75.0
+
+
+# ------------------------------------------------------------------------------------------------
+# diffsoup-study/2: what the core gained (per-observable noise, observable parameters and time,
+# estimated initial amounts, pre-equilibration, resets, discontinuities)
+# ------------------------------------------------------------------------------------------------
+
+V2 = """\
+format = "diffsoup-study/2"
+name = "v2"
+observable_parameters = {scale = "s", shift = 0.05}
+
+[model]
+species = ["A", "B"]
+reactions = [["A -> B", "k1"], ["B -> A", "k2"], ["-> A", "k0"]]
+parameters = { k1 = 1.0, k2 = 0.5, k0 = 0.3 }
+y0 = { A = 1.0 }
+
+[observables]
+signal = "scale * B + shift * time"
+
+[solver]
+rtol = 1e-10
+atol = 1e-12
+
+[noise]
+model = "laplace"
+sigma = 0.1
+[noise.observables]
+A = {model = "lognormal", sigma = "sd_A", base = 10}
+
+[[parameters]]
+name = "k1"
+lower = 0.1
+upper = 10.0
+
+[[parameters]]
+name = "sd_A"
+nominal = 0.2
+lower = 0.01
+upper = 1.0
+
+[[parameters]]
+name = "s"
+nominal = 2.0
+lower = 0.1
+upper = 10.0
+
+[[parameters]]
+name = "A0"
+nominal = 0.7
+lower = 0.1
+upper = 5.0
+
+[[experiments]]
+id = "plain"
+data = "v2.csv"
+y0 = {A = "A0"}
+resets = [{time = 1.5, add = {B = 0.25}}]
+discontinuities = [1.5]
+
+[[experiments]]
+id = "primed"
+data = "v2.csv"
+observable_parameters = {shift = 0.0}
+preequilibration = {conditions = {k1 = 2.0}}
+y0 = {B = 0.1}
+noise = {model = "gaussian", sigma = 0.2, observables = {A = {model = "loglaplace", sigma = 0.3}}}
+"""
+V2_DATA = ("experiment,time,A,signal\nplain,0.5,0.8,0.6\nplain,1.5,0.7,1.1\nplain,3.0,0.75,1.4\n"
+           "primed,0.5,0.5,1.0\nprimed,2.0,0.45,1.2\n")
+
+
+def test_v2_file_gives_the_study_built_by_hand(tmp_path):
+    import jax.numpy as jnp
+
+    from diffsoup.inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Parameter, Preequilibration
+
+    sf = load_study(write(tmp_path, V2, {"v2.csv": V2_DATA}))
+    assert sf.format == "diffsoup-study/2"
+    plain, primed = sf.study.experiments
+    assert [type(n).__name__ for n in plain.noise] == ["LogNormal", "Laplace"] and plain.noise[0].base == 10
+    assert [type(n).__name__ for n in primed.noise] == ["LogLaplace", "Gaussian"]
+    assert plain.observable_parameters == {"scale": "s", "shift": 0.05}
+    assert primed.observable_parameters == {"scale": "s", "shift": 0.0}
+    assert plain.y0 == {"A": "A0"} and primed.preequilibration.conditions == {"k1": 2.0}
+
+    network = ds.ReactionNetwork(["A", "B"], [("A -> B", "k1"), ("B -> A", "k2"), ("-> A", "k0")],
+                                 {"k1": 1.0, "k2": 0.5, "k0": 0.3})  # fmt: skip
+
+    def observables(t, y, p):
+        return jnp.stack([y[0], p["scale"] * y[1] + p["shift"] * t])
+
+    def add_b(t, y, p):
+        return y.at[1].add(0.25)
+
+    e1 = Experiment("plain", plain.times, plain.data, observables=observables,
+                    noise=[LogNormal("sd_A", base=10), Laplace(0.1)], y0={"A": "A0"},
+                    observable_parameters={"scale": "s", "shift": 0.05}, resets=(ds.Reset(1.5, add_b),),
+                    discontinuities=[1.5])  # fmt: skip
+    e2 = Experiment("primed", primed.times, primed.data, observables=observables,
+                    noise=[LogLaplace(0.3), Gaussian(0.2)], y0={"B": 0.1},
+                    observable_parameters={"scale": "s", "shift": 0.0},
+                    preequilibration=Preequilibration(conditions={"k1": 2.0}))  # fmt: skip
+    parameters = [Parameter("k1", lower=0.1, upper=10.0), Parameter("sd_A", 0.2, 0.01, 1.0),
+                  Parameter("s", 2.0, 0.1, 10.0), Parameter("A0", 0.7, 0.1, 5.0)]  # fmt: skip
+    by_hand = ds.lower(ds.Study(network.to_spec(y0=[1.0, 0.0]), [e1, e2], parameters), solver=sf.solver)
+    lowered = sf.lower()
+    for theta in (lowered.nominal, lowered.nominal + np.array([0.1, -0.05, 0.2, 0.1])):
+        np.testing.assert_allclose(lowered.value(theta), by_hand.value(theta), rtol=1e-12)
+
+
+@pytest.mark.parametrize("key, text", [
+    ("observable_parameters", 'observable_parameters = {scale = 1.0}\n'),
+    ("resets", '[[experiments]]\nid = "e9"\ndata = "e1.csv"\nresets = [{time = 1.0, set = {A = 0.0}}]\n'),
+])
+def test_v2_keys_in_a_v1_file_say_which_format_they_need(tmp_path, key, text):
+    head = HEAD.replace("[model]", text + "\n[model]") if key == "observable_parameters" else HEAD
+    body = EXPERIMENTS + ("" if key == "observable_parameters" else "\n" + text)
+    err = error_of(tmp_path, head + body)
+    assert f"'{key}' needs format = 'diffsoup-study/2'" in str(err)
+
+
+def test_v2_errors_name_the_line_and_field(tmp_path):
+    files = {"v2.csv": V2_DATA}
+    err = error_of(tmp_path, V2.replace('base = 10', 'base = 1'), files)
+    assert err.field == "noise.observables.A.base" and "must not be 1" in str(err)
+    err = error_of(tmp_path, V2.replace('add = {B = 0.25}', 'add = {C = 0.25}'), files)
+    assert err.field.startswith("experiments[0].resets") and "unknown species 'C'" in str(err)
+    err = error_of(tmp_path, V2.replace('observable_parameters = {scale = "s", shift = 0.05}', 'observable_parameters = {scale = "s"}'), files)
+    assert "shift" in str(err) and err.field.endswith("observable_parameters")
+    err = error_of(tmp_path, V2.replace('y0 = {A = "A0"}', 'y0 = {A = "nope"}'), files)
+    assert err.field == "experiments[0].y0.A" and "unknown study parameter 'nope'" in str(err)
+    err = error_of(tmp_path, V2.replace('conditions = {k1 = 2.0}', 'conditions = {kx = 2.0}'), files)
+    assert err.field == "experiments[1].preequilibration.conditions.kx"

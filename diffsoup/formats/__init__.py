@@ -1,6 +1,7 @@
-"""File formats that describe studies and models: study files (TOML, format ``diffsoup-study/1``,
-with CSV data files) read into a ``ds.Study``, and SBML models read into a ``ds.ProblemSpec`` with
-everything a PEtab loader needs (``load_sbml``). ``load_study``, ``StudyFile`` and
+"""File formats that describe studies and models: study files (TOML, formats ``diffsoup-study/1``
+and ``/2``, with CSV data files) read into a ``ds.Study``, SBML models read into a
+``ds.ProblemSpec`` (``load_sbml``), and PEtab v1 problems (``load_petab``, public as
+``ds.petab.load``). ``load_study``, ``StudyFile`` and
 ``StudyFileError`` keep their documented home ``ds.inference`` too (re-exported there lazily).
 
 This layer sits above the numerical one (model, inference) and imports no Dask. The modules that
@@ -15,6 +16,11 @@ from ._sbml import SpeciesInfo as SpeciesInfo
 from ._sbml import TimedEvent as TimedEvent
 from ._sbml import load_sbml as load_sbml
 from ._sbml_error import SBMLError as SBMLError
+from ._petab_simulation import write_simulation_table as write_simulation_table
+from ._petab_study import PetabProblem as PetabProblem
+from ._petab_study import load as load_petab
+from ._petab_tables import PetabError as PetabError
+from ._petab_tables import PetabWarning as PetabWarning
 from ._study_file import FORMAT as FORMAT
 from ._study_file import StudyFile as StudyFile
 from ._study_file import load_study as load_study

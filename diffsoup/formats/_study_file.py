@@ -1,4 +1,4 @@
-"""Study files: a study written as TOML (format ``diffsoup-study/1``), read by :func:`load_study`.
+"""Study files: a study written as TOML (formats ``diffsoup-study/1`` and ``/2``), read by :func:`load_study`.
 
 A study file names the model, the parameter table, the levels, the noise and the experiments with
 their data files (CSV), plus the solver tolerances and fit settings the ``diffsoup`` command uses.
@@ -65,6 +65,29 @@ for a missing value), optionally ``sigma:<observable>`` columns giving each valu
 deviation, and optionally an ``experiment`` column, so that one file can hold many experiments
 (each takes the rows carrying its id).
 
+Format ``diffsoup-study/2`` reads every ``/1`` file's keys the same way and adds (a ``/1`` file
+using one of these is told to say ``format = "diffsoup-study/2"``)::
+
+    observable_parameters = {scale = "s_A", offset = 0.1}   # names the observable expressions may
+                                         # use (numbers or study parameters); experiments may
+                                         # override them; expressions may also use `time`
+
+    [noise]                              # models gaussian, lognormal, laplace, loglaplace;
+    model = "gaussian"                   # sigma is the Laplace scale for the Laplace models
+    sigma = 0.05
+    [noise.observables]                  # per observable column, over the keys above
+    A = {model = "lognormal", sigma = "sd_A", base = 10}   # base: lognormal/loglaplace (default e)
+
+    [[experiments]]
+    ...
+    y0 = {A = "A0"}                      # an initial amount may be a study parameter (estimated)
+    observable_parameters = {scale = "s_A_e1"}
+    preequilibration = {conditions = {L = 0.0}, y0 = {A = 1.0}}   # to steady state first; y0 then
+                                         # re-initializes the states it names
+    resets = [{time = 5.0, add = {A = 1.5}}, {time = 8.0, set = {B = 0.0}}]
+    discontinuities = [3.0]              # times where the right-hand side jumps
+    steady_state = {rtol = 1e-8}         # the test of steady states (pre-equilibration)
+
 The reader is split by concept: this module reads the study's tables into a ``ds.Study``;
 :mod:`._reader` checks values and locates errors (:class:`StudyFileError`), :mod:`._expressions`
 checks and evaluates the observable expressions, :mod:`._data_files` reads the CSV data files.
@@ -72,6 +95,7 @@ checks and evaluates the observable expressions, :mod:`._data_files` reads the C
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.util
@@ -83,7 +107,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .._precision import Precision
-from ..inference import Experiment, Gaussian, LogNormal, Multishoot, Parameter, SolverOptions, Study
+from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
 from ..inference._fit import METHODS
 from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
@@ -94,6 +118,8 @@ from ._expressions import Observables, read_expressions
 from ._reader import StudyFileError, TomlReader
 
 FORMAT = "diffsoup-study/1"
+FORMAT_2 = "diffsoup-study/2"
+FORMATS = (FORMAT, FORMAT_2)
 FORMAT_PREFIX = "diffsoup-study/"
 
 TOP_KEYS = ("format", "name", "description", "levels", "model", "observables", "solver", "noise", "fit",
@@ -109,7 +135,21 @@ MULTISHOOT_KEYS = ("windows", "boundaries", "continuity_weight", "state_scale", 
 LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
 PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
 NOISE_MODELS = ("gaussian", "lognormal")
+# diffsoup-study/2: what the core gained (issue 19), each key refused with a pointer in /1 files.
+TOP_KEYS_2 = TOP_KEYS + ("observable_parameters",)
+EXPERIMENT_KEYS_2 = EXPERIMENT_KEYS + ("observable_parameters", "preequilibration", "resets", "discontinuities",
+                                       "steady_state")  # fmt: skip
+NOISE_KEYS_2 = ("model", "sigma", "base", "observables")
+NOISE_COLUMN_KEYS_2 = ("model", "sigma", "base")
+NOISE_MODELS_2 = ("gaussian", "lognormal", "laplace", "loglaplace")
+PREEQUILIBRATION_KEYS = ("conditions", "y0")
+RESET_KEYS = ("time", "set", "add")
+STEADY_STATE_KEYS = ("rtol", "atol", "horizon")
+TIME = "time"  # the measurement time's name in observable expressions (/2)
 OBJECTIVES = ("nll", "chi2")
+PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
+# The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
+DEFAULT_FIT = {"method": "trf", "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +165,8 @@ class StudyFile:
         observables: experiment id -> the names of its observables (the data's columns).
         data_files: the data files read (resolved paths, in order of first use).
         description: free text from the file.
+        petab: the ``PetabProblem`` when the file is a PEtab problem's YAML (else None).
+        format: the file's format (``"diffsoup-study/1"``, ``"diffsoup-study/2"``, ``"petab/1"``).
     """
 
     path: Path
@@ -135,6 +177,8 @@ class StudyFile:
     observables: dict
     data_files: tuple = ()
     description: str = ""
+    petab: Any = None
+    format: str = FORMAT
 
     def lower(self, **options):
         """``ds.lower`` of the study with the file's objective and solver options (overridable)."""
@@ -149,7 +193,9 @@ class StudyFile:
 
 
 def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFile:
-    """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation).
+    """Read a study file (TOML, format ``diffsoup-study/1``; see this module's documentation), or a
+    PEtab v1 problem's YAML file (``.yaml``/``.yml``: ``ds.petab.load(path).study_file()``, with
+    the default ``[fit]`` settings and rtol = atol = 1e-8).
 
     A study file whose ``[model]`` names ``python = "file.py:function"`` is code: loading it
     imports that file (or module) and calls the function, as running a script would. Load only
@@ -168,9 +214,14 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
             error, an unknown or missing key, a missing or malformed data file, data whose shape
             does not match the observables, an unknown parameter, species or observable, or an
             unsupported format version.
+        PetabError: (a ``StudyFileError``) for a PEtab problem, naming the file, row and column.
         FileNotFoundError: if ``path`` does not exist.
     """
     path = Path(path)
+    if path.suffix.lower() in PETAB_SUFFIXES:  # a PEtab problem: what the command runs on it is the same
+        from ._petab_study import load as load_petab
+
+        return load_petab(path).study_file()
     text = path.read_text(encoding="utf-8")
     try:
         doc = tomllib.loads(text)
@@ -178,23 +229,31 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
         match = re.search(r"line (\d+)", str(exc))
         raise StudyFileError(f"not valid TOML: {exc}", path=path, line=int(match.group(1)) if match else None) from None
     r = TomlReader(path, text)
-    r.keys(doc, TOP_KEYS, ())
     if "format" not in doc:
         raise r.error((), f'the first line must name the format: format = "{FORMAT}"')
     fmt = r.string(doc["format"], ("format",))
-    if fmt != FORMAT:
+    if fmt not in FORMATS:
         if fmt.startswith(FORMAT_PREFIX):
-            raise r.error(("format",), f"version {fmt!r} is not supported by this diffsoup; it reads {FORMAT!r}")
-        raise r.error(("format",), f"{fmt!r} is not a diffsoup study file format; write format = {FORMAT!r}")
+            raise r.error(("format",), f"version {fmt!r} is not supported by this diffsoup; it reads "
+                          f"{' and '.join(map(repr, FORMATS))}")  # fmt: skip
+        raise r.error(("format",), f"{fmt!r} is not a diffsoup study file format; write format = {FORMAT_2!r}")
+    version = FORMATS.index(fmt) + 1
+    if version == 1:
+        _newer_keys(r, doc, TOP_KEYS_2, TOP_KEYS, ())
+    r.keys(doc, TOP_KEYS_2 if version == 2 else TOP_KEYS, ())
     name = r.string(doc.get("name", path.stem), ("name",))
     levels = r.names(doc.get("levels", []), ("levels",))
     problem = _model(r, r.table(doc.get("model", None) or _missing(r, "model"), ("model",)), path.parent, log)
     states = tuple(problem.state_names)
     model_parameters = tuple(problem.parameter_names)
-    expressions = read_expressions(r, r.table(doc.get("observables", {}), ("observables",)), states, model_parameters)
+    extra_names: tuple = ()
+    if version == 2:
+        extra_names = _observable_parameter_names(r, doc, model_parameters + states)
+    expressions = read_expressions(r, r.table(doc.get("observables", {}), ("observables",)), states,
+                                   model_parameters + extra_names)  # fmt: skip
     solver = _solver(r, r.table(doc.get("solver", {}), ("solver",)))
     fit = _fit(r, r.table(doc.get("fit", {}), ("fit",)))
-    default_noise = _noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",))
+    default_noise = _noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",), version)
     raw_parameters = doc.get("parameters", None)
     if not isinstance(raw_parameters, list) or not raw_parameters:
         raise r.error(("parameters",), "give at least one [[parameters]] table (name, nominal, lower, upper)")
@@ -204,7 +263,10 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     if not isinstance(raw_experiments, list) or not raw_experiments:
         raise r.error(("experiments",), "give at least one [[experiments]] table (id, data)")
     context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
-                                 study_names, levels)  # fmt: skip
+                                 study_names, levels, version=version)  # fmt: skip
+    if version == 2:
+        context.default_observable_parameters = _parameter_values(
+            r, doc.get("observable_parameters", {}), ("observable_parameters",), study_names)
     experiments, observed = [], {}
     seen: dict[str, int] = {}
     for i, raw in enumerate(raw_experiments):
@@ -219,7 +281,80 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     except ValueError as exc:  # what only the whole study can tell (levels, sigma parameters)
         raise _locate(r, exc, seen) from None
     return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit, observables=observed,
-                     data_files=tuple(context.tables), description=str(doc.get("description", "")))  # fmt: skip
+                     data_files=tuple(context.tables), description=str(doc.get("description", "")),
+                     format=fmt)  # fmt: skip
+
+
+def _newer_keys(r: TomlReader, table: Mapping, newer: tuple, allowed: tuple, field: tuple) -> None:
+    """A diffsoup-study/2 key in a /1 file: say which format it needs."""
+    for key in table:
+        if key in newer and key not in allowed:
+            raise r.error(field + (key,), f"{key!r} needs format = {FORMAT_2!r} (this file says {FORMAT!r})")
+
+
+def _observable_parameter_names(r: TomlReader, doc: Mapping, taken: tuple) -> tuple:
+    """Every observable-parameter name of a /2 file (top level and experiments): expressions may
+    use them, and ``time``."""
+    names: dict[str, tuple] = {}
+    tables = [(doc.get("observable_parameters", {}), ("observable_parameters",))]
+    for i, raw in enumerate(doc.get("experiments", []) if isinstance(doc.get("experiments"), list) else []):
+        if isinstance(raw, Mapping) and "observable_parameters" in raw:
+            tables.append((raw["observable_parameters"], ("experiments", i, "observable_parameters")))
+    for table, field in tables:
+        for k in r.table(table, field):
+            if k in taken or k == TIME:
+                raise r.error(field + (k,), f"{k!r} is a species or model parameter (or 'time'); give observable "
+                              "parameters names of their own")  # fmt: skip
+            names.setdefault(k, field)
+    if TIME in taken:
+        raise r.error(("model",), "the model has a species or parameter named 'time', which observable expressions "
+                      "of diffsoup-study/2 read as the measurement time; rename it")  # fmt: skip
+    return tuple(names) + (TIME,)
+
+
+def _parameter_values(r: TomlReader, table: Any, field: tuple, study_names) -> dict:
+    """A table name -> number or study-parameter name (a string)."""
+    table = r.table(table, field)
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, str):
+            r.known(v, study_names, field + (k,), "study parameter")
+            out[k] = v
+        else:
+            out[k] = r.number(v, field + (k,))
+    return out
+
+
+class _TimedObservables:
+    """``observables(t, y, p)`` of a /2 file: the expressions see the measurement time as ``time``
+    (and the experiment's observable parameters, which are in ``p``)."""
+
+    def __init__(self, inner: Observables):
+        self.inner = inner
+
+    def __call__(self, t, y, p):
+        return self.inner(y, {**p, TIME: t})
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def _state_reset(time: float, set_: Mapping[str, float], add: Mapping[str, float], states: tuple):
+    from ..integrate import Reset
+
+    set_idx = np.array([states.index(s) for s in set_], dtype=np.int64)
+    set_val = np.array(list(set_.values()), dtype=np.float64)
+    add_idx = np.array([states.index(s) for s in add], dtype=np.int64)
+    add_val = np.array(list(add.values()), dtype=np.float64)
+
+    def apply(t, y, p):
+        if set_idx.size:
+            y = y.at[set_idx].set(set_val.astype(y.dtype))
+        if add_idx.size:
+            y = y.at[add_idx].add(add_val.astype(y.dtype))
+        return y
+
+    return Reset(time, apply)
 
 
 def _missing(r: TomlReader, key: str):
@@ -341,22 +476,70 @@ def _fit(r: TomlReader, table: dict) -> dict:
     r.keys(table, FIT_KEYS, ("fit",))
     max_nfev = table.get("max_nfev", None)
     return {
-        "method": r.string(table.get("method", "trf"), ("fit", "method"), METHODS),
-        "starts": r.integer(table.get("starts", 4), ("fit", "starts"), minimum=1),
-        "seed": r.integer(table.get("seed", 0), ("fit", "seed")),
+        "method": r.string(table.get("method", DEFAULT_FIT["method"]), ("fit", "method"), METHODS),
+        "starts": r.integer(table.get("starts", DEFAULT_FIT["starts"]), ("fit", "starts"), minimum=1),
+        "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
         "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
-        "objective": r.string(table.get("objective", "nll"), ("fit", "objective"), OBJECTIVES),
+        "objective": r.string(table.get("objective", DEFAULT_FIT["objective"]), ("fit", "objective"), OBJECTIVES),
     }
 
 
-def _noise(r: TomlReader, table: Any, field: tuple):
+def _noise(r: TomlReader, table: Any, field: tuple, version: int = 1):
+    """A noise model (/1), or a :class:`_NoiseSpec` (/2: models with ``base``, Laplace, per observable)."""
     table = r.table(table, field)
-    r.keys(table, NOISE_KEYS, field)
-    model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
-    sigma = table.get("sigma", 1.0 if model == "gaussian" else 0.1)
+    if version == 1:
+        _newer_keys(r, table, NOISE_KEYS_2, NOISE_KEYS, field)
+        r.keys(table, NOISE_KEYS, field)
+        model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
+        sigma = table.get("sigma", 1.0 if model == "gaussian" else 0.1)
+        if not isinstance(sigma, str):
+            sigma = r.number(sigma, field + ("sigma",), positive=True)
+        return (Gaussian if model == "gaussian" else LogNormal)(sigma)
+    r.keys(table, NOISE_KEYS_2, field)
+    default = _noise_column(r, {k: v for k, v in table.items() if k != "observables"}, field)
+    per = {}
+    for name, sub in r.table(table.get("observables", {}), field + ("observables",)).items():
+        sub = r.table(sub, field + ("observables", name))
+        r.keys(sub, NOISE_COLUMN_KEYS_2, field + ("observables", name))
+        per[name] = _noise_column(r, {k: v for k, v in table.items() if k != "observables"} | sub,
+                                  field + ("observables", name))  # fmt: skip
+    return _NoiseSpec(default, per, field)
+
+
+def _noise_column(r: TomlReader, table: Mapping, field: tuple) -> dict:
+    """One column's noise of a /2 file: ``{"model", "sigma", "base"}`` checked."""
+    model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS_2)
+    sigma = table.get("sigma", 1.0 if model in ("gaussian", "laplace") else 0.1)
     if not isinstance(sigma, str):
         sigma = r.number(sigma, field + ("sigma",), positive=True)
-    return (Gaussian if model == "gaussian" else LogNormal)(sigma)
+    base = None
+    if "base" in table:
+        if model not in ("lognormal", "loglaplace"):
+            raise r.error(field + ("base",), f"only lognormal and loglaplace noise have a base (this is {model})")
+        base = r.number(table["base"], field + ("base",), positive=True)
+        if base == 1.0:
+            raise r.error(field + ("base",), "the logarithm's base must not be 1 (use 2.718281828459045 or 10)")
+    return {"model": model, "sigma": sigma, "base": base}
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoiseSpec:
+    """The noise of a /2 file or experiment: a default column and per-observable columns."""
+
+    default: dict
+    per_observable: dict
+    field: tuple
+
+    def columns(self, names) -> list[dict]:
+        return [self.per_observable.get(n, self.default) for n in names]
+
+
+_NOISE_CLASSES = {"gaussian": Gaussian, "lognormal": LogNormal, "laplace": Laplace, "loglaplace": LogLaplace}
+
+
+def _noise_model(column: dict, spread):
+    kw = {} if column["base"] is None else {"base": column["base"]}
+    return _NOISE_CLASSES[column["model"]](spread, **kw)
 
 
 def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
@@ -385,8 +568,12 @@ def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
 
 
 class _ExperimentContext:
-    def __init__(self, r, base, states, model_parameters, expressions, default_noise, study_names, levels):
+    def __init__(self, r, base, states, model_parameters, expressions, default_noise, study_names, levels, *,
+                 version: int = 1):  # fmt: skip
         self.r, self.base = r, base
+        self.version = version
+        self.default_observable_parameters: dict = {}
+        self.resets: dict[tuple, Any] = {}
         self.states, self.model_parameters = states, model_parameters
         self.expressions, self.default_noise = expressions, default_noise
         self.study_names, self.levels = study_names, levels
@@ -396,7 +583,9 @@ class _ExperimentContext:
     def experiment(self, raw: Any, field: tuple):
         r = self.r
         raw = r.table(raw, field)
-        r.keys(raw, EXPERIMENT_KEYS, field)
+        if self.version == 1:
+            _newer_keys(r, raw, EXPERIMENT_KEYS_2, EXPERIMENT_KEYS, field)
+        r.keys(raw, EXPERIMENT_KEYS_2 if self.version == 2 else EXPERIMENT_KEYS, field)
         for key in ("id", "data"):
             if key not in raw:
                 raise r.error(field, f"an experiment needs {key} = ...")
@@ -421,14 +610,16 @@ class _ExperimentContext:
                     raise r.error(field + ("data",), f"column {n!r} of the data file is neither a species nor an "
                                   f"[observables] name; species: {', '.join(self.states)}")  # fmt: skip
         observables = self.observables(tuple(names))
-        noise = self.default_noise if "noise" not in raw else _noise(r, raw["noise"], field + ("noise",))
-        if np.any(np.isfinite(sigmas)):
+        noise = self.default_noise if "noise" not in raw else _noise(r, raw["noise"], field + ("noise",), self.version)
+        if isinstance(noise, _NoiseSpec):
+            noise = self.noise_2(noise, names, sigmas, field)
+        elif np.any(np.isfinite(sigmas)):
             if isinstance(noise.sigma, str):
                 raise r.error(field + ("data",), "the data file gives sigma: columns but the noise's sigma is the "
                               f"estimated parameter {noise.sigma!r}; keep one")  # fmt: skip
             sigmas = np.where(np.isfinite(sigmas), sigmas, noise.sigma)
             noise = type(noise)(sigmas)
-        if isinstance(noise.sigma, str):
+        if not isinstance(noise, list) and isinstance(noise.sigma, str):
             r.known(noise.sigma, self.study_names, field + ("noise", "sigma"), "study parameter")
         conditions = r.values(raw.get("conditions", {}), field + ("conditions",))
         for k in conditions:
@@ -439,9 +630,7 @@ class _ExperimentContext:
             r.known(r.string(v, field + ("parameters", k)), self.study_names, field + ("parameters", k), "study parameter")
         y0 = None
         if "y0" in raw:
-            y0 = r.values(raw["y0"], field + ("y0",))
-            for k in y0:
-                r.known(k, self.states, field + ("y0", k), "species")
+            y0 = self.initial_state(raw["y0"], field + ("y0",))
         groups = r.table(raw.get("groups", {}), field + ("groups",))
         for k, v in groups.items():
             r.known(k, self.levels, field + ("groups", k), "level")
@@ -451,9 +640,11 @@ class _ExperimentContext:
                 raise r.error(field + ("groups",), f"names no member of level {level!r}; write groups = {{{level} = \"...\"}}")
         t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
         trajectory = self.multishoot(raw["multishoot"], field + ("multishoot",)) if "multishoot" in raw else None
+        extra = self.version_2(raw, field, names) if self.version == 2 else {}
         try:
             experiment = Experiment(eid, times, data, observables=observables, noise=noise, conditions=conditions,
-                                    parameters=mapping, y0=y0, groups=groups, t0=t0, trajectory=trajectory)  # fmt: skip
+                                    parameters=mapping, y0=y0, groups=groups, t0=t0, trajectory=trajectory,
+                                    **extra)  # fmt: skip
         except (ValueError, TypeError) as exc:
             raise r.error(field, str(exc)) from None
         return experiment, names
@@ -462,8 +653,111 @@ class _ExperimentContext:
         if names == self.states:
             return None  # every state observed in order: data-initialized window starts work
         if names not in self.observable_functions:
-            self.observable_functions[names] = Observables(names, self.states, self.expressions)
+            inner = Observables(names, self.states, self.expressions)
+            self.observable_functions[names] = _TimedObservables(inner) if self.version == 2 else inner
         return self.observable_functions[names]
+
+    # -- diffsoup-study/2 -------------------------------------------------------------------------
+    def initial_state(self, table: Any, field: tuple) -> dict:
+        """An experiment's (or pre-equilibration's) ``y0``: species -> number (or, /2, a study
+        parameter's name: an estimated initial amount)."""
+        if self.version == 1:
+            values: dict = self.r.values(table, field)
+        else:
+            values = _parameter_values(self.r, table, field, self.study_names)
+        for k in values:
+            self.r.known(k, self.states, field + (k,), "species")
+        return values
+
+    def noise_2(self, spec: _NoiseSpec, names, sigmas, field: tuple):
+        """The noise models of a /2 experiment: one, or one per column where they differ; the data
+        file's ``sigma:`` columns give per-value spreads."""
+        r = self.r
+        columns = spec.columns(names)
+        if spec.field[0] == "experiments":  # an experiment's own noise names its own columns
+            for n in spec.per_observable:
+                r.known(n, list(names), spec.field + ("observables", n), "observable of this experiment")
+        for j, c in enumerate(columns):
+            if isinstance(c["sigma"], str):
+                r.known(c["sigma"], self.study_names, spec.field + ("sigma",), "study parameter")
+                if np.any(np.isfinite(sigmas[:, j])):
+                    raise r.error(field + ("data",), f"the data file gives sigma:{names[j]} but the noise's sigma of "
+                                  f"{names[j]!r} is the estimated parameter {c['sigma']!r}; keep one")  # fmt: skip
+        shared = all(c == columns[0] for c in columns)
+        given = np.isfinite(sigmas)
+        if shared:
+            c = columns[0]
+            spread = np.where(given, sigmas, c["sigma"]) if np.any(given) else c["sigma"]
+            return _noise_model(c, spread)
+        return [_noise_model(c, np.where(given[:, j], sigmas[:, j], c["sigma"]) if np.any(given[:, j]) else c["sigma"])
+                for j, c in enumerate(columns)]  # fmt: skip
+
+    def version_2(self, raw: Mapping, field: tuple, names) -> dict:
+        """The /2 keys of an experiment as ``Experiment`` arguments."""
+        from ..inference import Preequilibration
+
+        r, out = self.r, {}
+        params = dict(self.default_observable_parameters)
+        params.update(_parameter_values(r, raw.get("observable_parameters", {}), field + ("observable_parameters",),
+                                        self.study_names))  # fmt: skip
+        used = set()
+        for n in names:
+            if n in self.expressions:
+                used |= {node.id for node in ast.walk(self.expressions[n]) if isinstance(node, ast.Name)}
+        missing = sorted(used - set(self.states) - set(self.model_parameters) - set(params) - {TIME})
+        if missing:
+            raise r.error(field + ("observable_parameters",), f"the observables use {missing}, which this experiment's "
+                          "observable_parameters (or the top-level ones) do not give")  # fmt: skip
+        out["observable_parameters"] = params
+        if "preequilibration" in raw:
+            pf = field + ("preequilibration",)
+            pre = r.table(raw["preequilibration"], pf)
+            r.keys(pre, PREEQUILIBRATION_KEYS, pf)
+            conditions = _parameter_values(r, pre.get("conditions", {}), pf + ("conditions",), self.study_names)
+            for k in conditions:
+                r.known(k, self.model_parameters, pf + ("conditions", k), "model parameter")
+            y0 = self.initial_state(pre["y0"], pf + ("y0",)) if "y0" in pre else None
+            out["preequilibration"] = Preequilibration(conditions=conditions, y0=y0)
+        if "resets" in raw:
+            resets = raw["resets"]
+            if not isinstance(resets, list):
+                raise r.error(field + ("resets",), "must be a list of tables {time = ..., set = {...}, add = {...}}")
+            out["resets"] = tuple(self.reset(x, field + ("resets", i)) for i, x in enumerate(resets))
+        if "discontinuities" in raw:
+            values = raw["discontinuities"]
+            if not isinstance(values, list):
+                raise r.error(field + ("discontinuities",), "must be a list of times, e.g. [3.0, 10.0]")
+            out["discontinuities"] = tuple(sorted(r.number(v, field + ("discontinuities",)) for v in values))
+        if "steady_state" in raw:
+            from ..integrate import SteadyState
+
+            sf = field + ("steady_state",)
+            table = r.table(raw["steady_state"], sf)
+            r.keys(table, STEADY_STATE_KEYS, sf)
+            out["steady_state"] = SteadyState(**{k: r.number(v, sf + (k,), positive=True) for k, v in table.items()})
+        return out
+
+    def reset(self, raw: Any, field: tuple):
+        """A ``ds.Reset`` at a time: ``set`` states to numbers, ``add`` numbers to states (the
+        same reset object for equal tables, so that experiments sharing it are vmapped together)."""
+        r = self.r
+        raw = r.table(raw, field)
+        r.keys(raw, RESET_KEYS, field)
+        if "time" not in raw:
+            raise r.error(field, "a reset needs time = ...")
+        time = r.number(raw["time"], field + ("time",))
+        if not np.isfinite(time):
+            raise r.error(field + ("time",), f"must be finite, not {time}")
+        set_, add = (r.values(raw.get(k, {}), field + (k,)) for k in ("set", "add"))
+        for table, k in ((set_, "set"), (add, "add")):
+            for s in table:
+                r.known(s, self.states, field + (k, s), "species")
+        if not set_ and not add:
+            raise r.error(field, "a reset needs set = {species = value} or add = {species = amount}")
+        key = (time, tuple(sorted(set_.items())), tuple(sorted(add.items())))
+        if key not in self.resets:
+            self.resets[key] = _state_reset(time, set_, add, self.states)
+        return self.resets[key]
 
     def multishoot(self, raw: Any, field: tuple):
         raw = self.r.table(raw, field)

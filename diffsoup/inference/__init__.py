@@ -11,9 +11,13 @@ execution code (Dask), and
 from ._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from ._balance import balance_owners as balance_owners
 from ._experiment import Experiment as Experiment
-from ._experiment import Gaussian as Gaussian
-from ._experiment import LogNormal as LogNormal
 from ._fides import Fides as Fides
+from ._noise import AbstractNoise as AbstractNoise
+from ._noise import Gaussian as Gaussian
+from ._noise import Laplace as Laplace
+from ._noise import LogLaplace as LogLaplace
+from ._noise import LogNormal as LogNormal
+from ._preequilibration import Preequilibration as Preequilibration
 from ._fit import FitResult as FitResult
 from ._fit import StartResult as StartResult
 from ._fit import fit as fit

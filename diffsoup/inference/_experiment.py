@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Mapping
+import inspect
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Gaussian:
-    """Additive Gaussian noise: ``data = observable + sigma * N(0, 1)``.
-
-    Args:
-        sigma: a known standard deviation (a positive scalar, or an array broadcastable to the
-            experiment's data shape ``(m, k)``), or the name of a study parameter to estimate
-            (the same sigma for every value of the experiment).
-    """
-
-    sigma: Any = 1.0
+from ._noise import NOISE_MODELS, AbstractNoise, Gaussian, Laplace, LogLaplace, LogNormal  # noqa: F401 (re-exported)
+from ._preequilibration import Preequilibration, checked_initial_state, checked_parameter_values
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class LogNormal:
-    """Multiplicative (log-normal) noise: ``log(data) = log(observable) + sigma * N(0, 1)``.
-
-    Data and observables must be positive. ``sigma`` is as for :class:`Gaussian`, on the log scale.
-    """
-
-    sigma: Any = 0.1
-
-
-NOISE_MODELS = (Gaussian, LogNormal)
+def takes_time(fn: Callable) -> bool:
+    """Whether ``observables`` is ``fn(t, y, p)`` (exactly three positional parameters without a
+    default) rather than ``fn(y, p)`` (anything else, e.g. two parameters or ``*args``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without a signature: the (y, p) form
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [q for q in sig.parameters.values() if q.kind in positional and q.default is inspect.Parameter.empty]
+    return len(required) == 3
 
 
 class Experiment:
@@ -39,30 +29,57 @@ class Experiment:
 
     Args:
         id: a unique non-empty name.
-        times: measurement times ``(m,)``, finite, non-negative (at or after ``t0``), non-decreasing.
+        times: measurement times ``(m,)``, non-decreasing, at or after ``t0``; finite, except that
+            the last ones may be ``+inf``: measurements of the steady state (the solve runs past the
+            last finite time until the state is steady, see ``steady_state``).
         data: measured values ``(m, k)`` (``(m,)`` reads as ``(m, 1)``), NaN where missing.
-        observables: ``observables(y, p) -> (k,)``, a JAX function of the states at one time ``(n,)``
-            and the model parameters (a dict by name); None observes every state (``k = n``).
-            Experiments sharing the same function object are evaluated together.
-        noise: :class:`Gaussian` or :class:`LogNormal`.
+        observables: a JAX function of the states at one time ``y`` ``(n,)`` and ``p`` (a dict by
+            name of the model parameters and the ``observable_parameters``) returning ``(k,)``:
+            ``observables(y, p)``, or ``observables(t, y, p)`` with ``t`` the measurement time (a
+            scalar; ``+inf`` at steady state). The two are told apart by the number of positional
+            parameters without a default (three: ``(t, y, p)``; otherwise ``(y, p)``). None
+            observes every state (``k = n``). Experiments sharing the same function object are
+            evaluated together.
+        noise: a noise model (:class:`Gaussian`, :class:`LogNormal`, :class:`Laplace`,
+            :class:`LogLaplace`), or a sequence of ``k`` of them, one per observable column (each
+            spread then broadcastable to ``(m,)``, a callable returning a scalar or ``(k,)``).
         conditions: fixed model parameter values of this experiment, by model parameter name.
         parameters: model parameter name -> study parameter name. A model parameter not listed
             (and not in ``conditions``) maps to the study parameter of the same name, or else keeps
             the model's default value. A study parameter owned by a level (or by each experiment)
             resolves to this experiment's member of that level.
-        y0: initial state, an array ``(n,)`` or a mapping state name -> value overriding the
-            model's ``y0``; None keeps the model's.
+        y0: the initial state: None keeps the model's; an array ``(n,)``; a mapping state name ->
+            number or study-parameter name (an estimated initial amount) overriding the model's
+            ``y0``; or a callable ``y0(p) -> (n,)`` of the experiment's model parameters by name
+            (JAX, differentiable). With ``preequilibration``, None or a mapping: its states are
+            re-initialized after the pre-equilibration.
         groups: level name -> the member of that level this experiment belongs to (e.g.
             ``{"site": "A", "patient": "A-7"}``); needed for every level of the study.
         t0: initial time of the solve.
         trajectory: how the experiment is solved in a fit: None for single shooting (one solve
             from ``t0``), or a :class:`~diffsoup.inference.Multishoot` (windows whose starts are
             fitted too). ``experiment.with_trajectory(...)`` gives a copy with another one.
+        observable_parameters: name -> number or study-parameter name: extra entries of the ``p``
+            given to ``observables`` and to callable noise spreads (scaling factors, offsets,
+            PEtab's observable and noise parameters). A name may not be a model parameter's.
+            Study-parameter names resolve like ``parameters`` (levels included) and are
+            differentiable.
+        preequilibration: a :class:`~diffsoup.inference.Preequilibration`: the solve first runs
+            to a steady state under its conditions, and the experiment starts there at ``t0``.
+        resets: ``ds.Reset(time, apply)`` objects: at each time the state jumps to
+            ``apply(t, y, p)`` (``p`` the model parameters by name); ``time`` a number or a callable
+            ``time(p)``. An output at a reset time reports the state after the reset. Gradients
+            flow through ``apply`` but not through the reset times.
+        discontinuities: times where the right-hand side jumps (steps land on them): a sequence
+            of numbers or a callable ``discontinuities(p) -> (d,)``.
+        steady_state: the ``ds.integrate.SteadyState`` test of the ``+inf`` times (None: its
+            defaults).
 
     Raises:
         ValueError: naming the experiment and the field, for times out of order, negative or not
             finite, data of the wrong shape, an experiment with no data, NaN or non-positive sigma,
-            or non-positive log-normal data.
+            non-positive data of a logarithmic noise model, a preequilibration with a y0 that
+            is neither None nor a mapping.
         TypeError: for a non-callable observable or an unknown noise model.
     """
 
@@ -73,13 +90,18 @@ class Experiment:
         data: Any,
         *,
         observables: Callable | None = None,
-        noise: Gaussian | LogNormal = Gaussian(),
+        noise: AbstractNoise | Sequence[AbstractNoise] = Gaussian(),
         conditions: Mapping[str, float] | None = None,
         parameters: Mapping[str, str] | None = None,
         y0: Any = None,
         groups: Mapping[str, str] | None = None,
         t0: float = 0.0,
         trajectory: Any = None,
+        observable_parameters: Mapping[str, float | str] | None = None,
+        preequilibration: Preequilibration | None = None,
+        resets: Sequence[Any] = (),
+        discontinuities: Any = (),
+        steady_state: Any = None,
     ):
         if not isinstance(id, str) or not id:
             raise ValueError(f"Experiment id must be a non-empty string, not {id!r}.")
@@ -88,38 +110,21 @@ class Experiment:
         self.t0 = float(t0)
         if not np.isfinite(self.t0):
             raise ValueError(f"{where}: t0={t0!r} must be finite.")
-        times = np.asarray(times, dtype=np.float64)
-        if times.ndim != 1:
-            raise ValueError(f"{where}: times must be a 1-D array of measurement times, got shape {times.shape}.")
-        if times.size == 0:
-            raise ValueError(f"{where}: times is empty; an experiment needs at least one measurement (no data).")
-        if not np.all(np.isfinite(times)):
-            raise ValueError(f"{where}: times must be finite.")
-        if np.any(times < self.t0):
-            raise ValueError(
-                f"{where}: times must not be negative (before t0={self.t0}); first bad time {times[times < self.t0][0]}."
-            )
-        if np.any(np.diff(times) < 0):
-            i = int(np.nonzero(np.diff(times) < 0)[0][0])
-            raise ValueError(
-                f"{where}: times are out of order (times[{i}]={times[i]} > times[{i + 1}]={times[i + 1]}); sort them "
-                "and the rows of data with them."
-            )
-        self.times = times
+        self.times = _checked_times(times, self.t0, where)
         data = np.asarray(data, dtype=np.float64)
         if data.ndim == 1:
             data = data[:, None]
-        if data.ndim != 2 or data.shape[0] != times.shape[0]:
+        if data.ndim != 2 or data.shape[0] != self.times.shape[0]:
             raise ValueError(
-                f"{where}: data has shape {data.shape}; expected ({times.shape[0]}, k): one row per measurement "
+                f"{where}: data has shape {data.shape}; expected ({self.times.shape[0]}, k): one row per measurement "
                 "time, one column per observable."
             )
         if np.any(np.isinf(data)):  # before the all-NaN check: all-Inf data is not "missing"
             i, j = (int(v) for v in np.argwhere(np.isinf(data))[0])
             raise ValueError(
                 f"{where}: data holds {int(np.sum(np.isinf(data)))} non-finite value(s) (Inf), the first in column {j} "
-                f"(observable {j}) at times[{i}]={times[i]} (data[{i}, {j}] = {data[i, j]}); measured values must be "
-                "finite (use NaN for a missing value)."
+                f"(observable {j}) at times[{i}]={self.times[i]} (data[{i}, {j}] = {data[i, j]}); measured values "
+                "must be finite (use NaN for a missing value)."
             )
         if data.shape[1] == 0 or not np.any(np.isfinite(data)):
             raise ValueError(f"{where}: data holds no measured value (all NaN); an experiment needs data.")
@@ -127,31 +132,8 @@ class Experiment:
         if observables is not None and not callable(observables):
             raise TypeError(f"{where}: observables must be a function observables(y, p) -> (k,), or None.")
         self.observables = observables
-        if not isinstance(noise, NOISE_MODELS):
-            raise TypeError(f"{where}: noise must be ds.inference.Gaussian(...) or LogNormal(...), not {noise!r}.")
-        self.noise = noise
-        if isinstance(noise.sigma, str):
-            if not noise.sigma:
-                raise ValueError(f"{where}: noise.sigma is an empty parameter name.")
-            self.sigma = None
-        else:
-            sigma = np.asarray(noise.sigma, dtype=np.float64)
-            try:
-                sigma = np.broadcast_to(sigma, data.shape).copy()
-            except ValueError:
-                raise ValueError(
-                    f"{where}: noise.sigma has shape {sigma.shape}, which does not broadcast to the data shape "
-                    f"{data.shape}."
-                ) from None
-            if np.any(np.isnan(sigma)):
-                raise ValueError(f"{where}: noise.sigma holds NaN; give a positive standard deviation for every value.")
-            if np.any(sigma <= 0) or np.any(~np.isfinite(sigma)):
-                raise ValueError(f"{where}: noise.sigma must be positive and finite (got min {sigma.min()}).")
-            self.sigma = sigma
-        if isinstance(noise, LogNormal):
-            measured = data[np.isfinite(data)]
-            if np.any(measured <= 0):
-                raise ValueError(f"{where}: log-normal noise needs positive data; found {measured[measured <= 0][0]}.")
+        self.observables_take_time = observables is not None and takes_time(observables)
+        self._noise(noise, where)
         self.conditions = _float_mapping(conditions, where, "conditions")
         self.parameters = dict(parameters or {})
         for k, v in self.parameters.items():
@@ -162,15 +144,22 @@ class Experiment:
                 )
             if k in self.conditions:
                 raise ValueError(f"{where}: model parameter {k!r} is both in conditions and in parameters; keep one.")
-        if isinstance(y0, Mapping):
-            self.y0 = _float_mapping(y0, where, "y0")
-        elif y0 is None:
-            self.y0 = None
-        else:
-            y0 = np.asarray(y0, dtype=np.float64)
-            if y0.ndim != 1 or not np.all(np.isfinite(y0)):
-                raise ValueError(f"{where}: y0 must be a finite 1-D array or a mapping state name -> value.")
-            self.y0 = y0
+        self.observable_parameters = checked_parameter_values(observable_parameters, where, "observable_parameters")
+        if preequilibration is not None and not isinstance(preequilibration, Preequilibration):
+            raise TypeError(
+                f"{where}: preequilibration must be a ds.inference.Preequilibration or None, not "
+                f"{type(preequilibration).__name__}."
+            )
+        self.preequilibration = preequilibration
+        self.y0 = checked_initial_state(y0, where, "y0")
+        if preequilibration is not None and not (self.y0 is None or isinstance(self.y0, dict)):
+            raise ValueError(
+                f"{where}: with preequilibration, y0 must be None or a mapping state name -> value (the states "
+                "re-initialized after the pre-equilibration); give a full initial state as Preequilibration(y0=...)."
+            )
+        self.resets = _checked_resets(resets, where)
+        self.discontinuities = _checked_discontinuities(discontinuities, where)
+        self.steady_state = steady_state
         self.groups = dict(groups or {})
         for k, v in self.groups.items():
             if not isinstance(k, str) or not isinstance(v, str) or not k or not v:
@@ -178,6 +167,77 @@ class Experiment:
         self.trajectory = None
         if trajectory is not None:
             self.trajectory = self.with_trajectory(trajectory).trajectory
+
+    def _noise(self, noise, where: str) -> None:
+        """Check the noise models and lay out their spreads cell by cell: ``sigma_values`` ``(m, k)``
+        (numbers; NaN elsewhere), ``sigma_names`` ``(m, k)`` (study-parameter names; None
+        elsewhere), ``sigma_functions`` (per column: a callable spread or None)."""
+        m, k = self.data.shape
+        if isinstance(noise, AbstractNoise):
+            columns, fields = (noise,) * k, ("noise",) * k
+        elif isinstance(noise, (list, tuple)) and noise and all(isinstance(x, AbstractNoise) for x in noise):
+            if len(noise) != k:
+                raise ValueError(
+                    f"{where}: noise gives {len(noise)} models for {k} observable column(s); give one model, or one "
+                    "per column."
+                )
+            columns, fields = tuple(noise), tuple(f"noise[{j}]" for j in range(k))
+        else:
+            raise TypeError(
+                f"{where}: noise must be ds.inference.Gaussian(...), LogNormal(...), Laplace(...) or LogLaplace(...), "
+                f"or a sequence of one per observable column, not {noise!r}."
+            )
+        self.noise = noise
+        self.noise_columns = columns
+        values = np.full((m, k), np.nan)
+        names = np.full((m, k), None, dtype=object)
+        functions: list = [None] * k
+        shared = isinstance(noise, AbstractNoise)
+        for j0 in range(1 if shared else k):
+            cols = list(range(k)) if shared else [j0]
+            model = columns[j0]
+            spread = model.spread
+            label = f"{fields[j0]}.{model.spread_field}"
+            if callable(spread):
+                for j in cols:
+                    functions[j] = spread
+                continue
+            if isinstance(spread, str):
+                if not spread:
+                    raise ValueError(f"{where}: {label} is an empty parameter name.")
+                names[:, cols] = spread
+                continue
+            cells = _spread_cells(spread, (m, k) if shared else (m,), where, label, self.data.shape)
+            if not shared:
+                cells = cells[:, None]
+            if cells.dtype == object:
+                is_name = np.vectorize(lambda c: isinstance(c, str), otypes=[bool])(cells)
+                numbers = _object_numbers(cells, where, label)
+                for i, jj in zip(*np.nonzero(is_name)):
+                    if not cells[i, jj]:
+                        raise ValueError(f"{where}: {label} holds an empty parameter name (row {i}).")
+                    names[i, cols[jj]] = cells[i, jj]
+            else:
+                is_name, numbers = np.zeros(cells.shape, dtype=bool), cells
+            given = numbers[~is_name]
+            if np.any(np.isnan(given)):
+                raise ValueError(f"{where}: {label} holds NaN; give a positive standard deviation for every value.")
+            if np.any(given <= 0) or np.any(~np.isfinite(given)):
+                raise ValueError(f"{where}: {label} must be positive and finite (got min {given.min()}).")
+            values[:, cols] = numbers
+        for j, c in enumerate(columns):
+            if c.log_base is None:
+                continue
+            measured = self.data[:, j][np.isfinite(self.data[:, j])]
+            if np.any(measured <= 0):
+                name = "log-normal" if isinstance(c, LogNormal) else "log-Laplace"
+                raise ValueError(f"{where}: {name} noise needs positive data; found {measured[measured <= 0][0]}.")
+        self.sigma_values = values
+        self.sigma_names = names
+        self.sigma_functions = tuple(functions)
+        fixed = not any(functions) and not any(isinstance(x, str) for x in names.ravel())
+        # The known spread of every value, (m, k) (None when some come from parameters or functions).
+        self.sigma = values if fixed else None
 
     def with_trajectory(self, trajectory: Any) -> "Experiment":
         """A copy of this experiment solved with ``trajectory`` (None: single shooting).
@@ -199,10 +259,106 @@ class Experiment:
     def n_observables(self) -> int:
         return int(self.data.shape[1])
 
+    @property
+    def n_steady_times(self) -> int:
+        """How many of the measurement times are ``+inf`` (the steady state)."""
+        return int(np.sum(np.isinf(self.times)))
+
     def __repr__(self) -> str:
         shoot = "" if self.trajectory is None else f", windows={self.trajectory.n_windows}"
         return (f"Experiment({self.id!r}, times={self.times.shape[0]}, observables={self.n_observables}, "
                 f"measured={self.n_measured}{shoot})")  # fmt: skip
+
+
+def _checked_times(times, t0: float, where: str) -> np.ndarray:
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim != 1:
+        raise ValueError(f"{where}: times must be a 1-D array of measurement times, got shape {times.shape}.")
+    if times.size == 0:
+        raise ValueError(f"{where}: times is empty; an experiment needs at least one measurement (no data).")
+    steady = np.isposinf(times)
+    if np.any(np.isnan(times)) or np.any(np.isneginf(times)):
+        raise ValueError(f"{where}: times must be finite (or +inf, the steady state, at the end).")
+    if np.any(steady) and not np.all(steady[int(np.argmax(steady)):]):
+        raise ValueError(f"{where}: times must be finite; +inf (the steady state) may only end the times.")
+    if np.any(times < t0):
+        raise ValueError(
+            f"{where}: times must not be negative (before t0={t0}); first bad time {times[times < t0][0]}."
+        )
+    finite = times[~steady]
+    if np.any(np.diff(finite) < 0):
+        i = int(np.nonzero(np.diff(finite) < 0)[0][0])
+        raise ValueError(
+            f"{where}: times are out of order (times[{i}]={finite[i]} > times[{i + 1}]={finite[i + 1]}); sort them "
+            "and the rows of data with them."
+        )
+    return times
+
+
+def _spread_cells(spread, target: tuple, where: str, label: str, data_shape: tuple) -> np.ndarray:
+    """``spread`` broadcast to ``target``: float64, or object when it holds names (strings)."""
+    if isinstance(spread, np.ndarray) and spread.dtype.kind in "fiub":
+        arr = spread.astype(np.float64)
+    else:
+        arr = np.array(spread, dtype=object)
+        if not any(isinstance(c, str) for c in arr.ravel()):
+            try:
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: {label} must hold numbers or study-parameter names.") from None
+    if len(target) == 1 and arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    try:
+        return np.broadcast_to(arr, target).copy()
+    except ValueError:
+        raise ValueError(
+            f"{where}: {label} has shape {arr.shape}, which does not broadcast to the data shape {data_shape}"
+            + ("" if len(target) == 2 else f" (a column's model takes {target})") + "."
+        ) from None
+
+
+def _object_numbers(cells: np.ndarray, where: str, label: str) -> np.ndarray:
+    out = np.full(cells.shape, np.nan)
+    for idx, c in np.ndenumerate(cells):
+        if isinstance(c, str):
+            continue
+        try:
+            out[idx] = float(c)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {label} holds {c!r}; give numbers or study-parameter names.") from None
+    return out
+
+
+def _checked_resets(resets, where: str) -> tuple:
+    if resets is None:
+        return ()
+    if not isinstance(resets, (list, tuple)):
+        resets = (resets,)
+    out = []
+    for i, r in enumerate(resets):
+        time, apply = getattr(r, "time", None), getattr(r, "apply", None)
+        if time is None or not callable(apply):
+            raise TypeError(f"{where}: resets[{i}] must be a ds.Reset(time, apply), not {r!r}.")
+        if not callable(time):
+            try:
+                t = float(time)
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: resets[{i}].time={time!r} must be a number or a callable time(p).") from None
+            if not math.isfinite(t):
+                raise ValueError(f"{where}: resets[{i}].time={time!r} must be finite.")
+        out.append(r)
+    return tuple(out)
+
+
+def _checked_discontinuities(discs, where: str):
+    if discs is None:
+        return ()
+    if callable(discs):
+        return discs
+    arr = np.asarray(discs, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{where}: discontinuities must be finite times (or a callable discontinuities(p)).")
+    return tuple(float(x) for x in np.sort(arr))
 
 
 def _float_mapping(values, where, field):

@@ -175,6 +175,18 @@ def with_trajectory(experiment, trajectory):
             f"not {type(trajectory).__name__}."
         )
     if trajectory is not None:
+        unsupported = [name for name, used in (
+            ("+inf (steady-state) times", bool(np.any(np.isinf(experiment.times)))),
+            ("preequilibration", getattr(experiment, "preequilibration", None) is not None),
+            ("resets", bool(getattr(experiment, "resets", ()))),
+            ("discontinuities", callable(getattr(experiment, "discontinuities", ())) or bool(
+                getattr(experiment, "discontinuities", ()))),
+        ) if used]  # fmt: skip
+        if unsupported:
+            raise ValueError(
+                f"Experiment {experiment.id!r}: multiple shooting (Multishoot) does not support {', '.join(unsupported)} "
+                "yet; solve this experiment with single shooting (trajectory=None)."
+            )
         trajectory.edges(experiment)
     out = copy.copy(experiment)
     out.trajectory = trajectory

@@ -3,14 +3,17 @@
 It turns the study into arrays (one row per experiment, grouped by the shapes that can be
 vmapped together) and defines the per-experiment terms the lowered objective sums:
 
-- Gaussian noise: ``r = (h - d) / sigma``; log-normal: ``r = (log h - log d) / sigma``.
-- ``objective="nll"``: ``value = sum(0.5 r^2 + log sigma) + N/2 log(2 pi) (+ sum log d, log-normal)``.
-- ``objective="chi2"``: ``value = sum(r^2)`` (known sigma only).
+- the terms of each measured value by its noise model (:mod:`diffsoup.inference._terms`): Gaussian
+  ``r = (h - d) / sigma``, log-normal ``r = (log_b h - log_b d) / sigma``, Laplace and log-Laplace
+  ``|z| = |T(h) - T(d)| / scale`` with residual ``sqrt(2 |z|)``;
+- ``objective="nll"``: ``value`` = the negative log-likelihood (exactly PEtab's);
+- ``objective="chi2"``: ``value = sum(r^2)`` (known sigma and normal noise only).
 
-Residuals for Gauss-Newton are the ``r`` above, plus, for an estimated sigma under ``"nll"``, one
-more residual per measured value, ``sqrt(2 log sigma + K)``, so that ``value = scale * ||r||^2 +
-offset`` exactly (``scale`` 0.5 for ``"nll"``, 1 for ``"chi2"``; ``K`` makes the root real over
-the sigma parameter's bounds: ``K = 1 - 2 log(lower)`` at least, see ``sigma_shift``).
+Residuals for Gauss-Newton are the ``r`` above, plus, for a spread that comes from a parameter or a
+function under ``"nll"``, one more residual per measured value, ``sqrt(2 log sigma + K)``, so that
+``value = scale * ||r||^2 + offset`` exactly (``scale`` 0.5 for ``"nll"``, 1 for ``"chi2"``; ``K``
+makes the root real over the sigma parameters' bounds: ``K = 1 - 2 log(lower)`` at least, and
+``1 - 2 log(FUNCTION_SIGMA_FLOOR)`` with a sigma function, see ``sigma_shift``).
 
 A multiple-shooting experiment (``Experiment.trajectory`` a ``Multishoot``) is solved window by
 window from its fitted window starts (extra entries of ``theta``); its continuity residuals
@@ -20,188 +23,52 @@ as ``scale * sum(c^2)``, so the identity above still holds.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..integrate._tolerance import checked_rtol
-from ._experiment import LogNormal
 from ._multishoot import trajectory_signature, window_layout
+from ._noise import LAPLACE
 from ._solver_options import SolverOptions
 from ._study import Study, entries_by_name
+from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
+    SIGMA_CELLS,
+    SIGMA_ENTRY,
+    SIGMA_FIXED,
+    Group,
+    LaneTerms,
+    Preequilibrated,
+    TermOperands,
+    full_vector,
+)
 from ._window_cache import WindowCache, window_cache
 from ._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
+# The smallest spread a sigma function is expected to give: it sets the shift ``K`` of the residuals
+# ``sqrt(2 log sigma + K)`` (no bounds are known for a function's value; below
+# ``FUNCTION_SIGMA_FLOOR / sqrt(e)`` the residual is clipped at 0 and the identity with the value fails).
+FUNCTION_SIGMA_FLOOR = 1e-8
 
 
-@dataclasses.dataclass(frozen=True)
-class Group:
-    """Experiments that share observables, noise model and observable count (vmapped together)."""
+def _steady_state(test):
+    """The ``SteadyState`` test (None: its defaults)."""
+    if test is not None:
+        return test
+    from ..integrate import SteadyState
 
-    observables: Any
-    lognormal: bool
-    estimated_sigma: bool
-    k: int
-    n_times: int
-    members: tuple  # indices into study.experiments
-    windows: int | None = None  # multiple shooting: windows per experiment (None: single shooting)
-    window_points: int = 0  # most output times of a window (its measurements and its end)
-    n_states: int = 0
-
-    @property
-    def n_residuals(self) -> int:
-        """Residuals per experiment (data, estimated-sigma terms, continuity of the windows)."""
-        cont = (self.windows - 1) * self.n_states if self.windows else 0
-        return self.n_times * self.k * (2 if self.estimated_sigma else 1) + cont
+    return SteadyState()
 
 
-class TermOperands(NamedTuple):
-    """The numbers of the per-experiment terms that are operands of the compiled chunk programs
-    (numpy on the host, traced inside a program): another tolerance, step budget or fixed
-    parameter value runs the same program with other arguments.
-
-    Attributes:
-        values: linear values of every study entry ``(n_entries,)`` (the fixed ones and the nominal
-            point; the estimated entries are overwritten from ``theta``).
-        sigma_shift: the ``K`` of the estimated-sigma residuals.
-        rtol, atol, max_steps: the solves' ``SolverOptions`` (``rtol`` after
-            :class:`~diffsoup.integrate.ToleranceWarning`'s floor).
-    """
-
-    values: Any
-    sigma_shift: Any
-    rtol: Any
-    atol: Any
-    max_steps: Any
-
-
-def full_vector(estimated, scales, values, theta):
-    """Every study entry's linear value, a JAX vector: ``values`` with the estimated entries (study
-    indices ``estimated``, on ``scales``) taken from ``theta``."""
-    import jax.numpy as jnp
-
-    theta = jnp.asarray(theta)
-    full = jnp.asarray(values).astype(theta.dtype)
-    est = np.asarray(estimated, dtype=np.int64)
-    for s, fn in (("lin", lambda x: x), ("log", jnp.exp), ("log10", lambda x: 10.0**x)):
-        pos = np.array([j for j, sc in enumerate(scales) if sc == s], dtype=np.int64)
-        if pos.size:
-            full = full.at[est[pos]].set(fn(theta[pos]))
-    return full
-
-
-@dataclasses.dataclass(frozen=True)
-class LaneTerms:
-    """The static part of one group's per-experiment term: everything a chunk program is
-    compiled from besides its kind, lane count and mesh (hashable; the problem and the
-    observables compare by identity).
-
-    The JAX code of the terms reads only these fields and the :class:`TermOperands` passed to
-    it, so equal terms make equal programs: that is what lets ``ds.lower`` reuse a compiled
-    program for another inference problem of the same study (other tolerances, step budget or
-    fixed values).
-
-    Attributes:
-        problem: the built ``ds.Problem``.
-        group: the :class:`Group` (observables, noise, shapes).
-        scale: the objective's ``scale`` (0.5 for ``"nll"``, 1 for ``"chi2"``).
-        estimated: study entry indices of the estimated parameters, in ``theta`` order.
-        scales: their scales (``"lin"``, ``"log"``, ``"log10"``).
-        checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
-    """
-
-    problem: Any
-    group: Group
-    scale: float
-    estimated: tuple
-    scales: tuple
-    checkpoints: int
-
-    def full_vector(self, theta, ops: TermOperands):
-        """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""
-        return full_vector(self.estimated, self.scales, ops.values, theta)
-
-    def states(self, ops: TermOperands, full, a: dict, theta=None, *, forward: bool = True):
-        """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
-        (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
-        import jax
-        import jax.numpy as jnp
-
-        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
-
-        problem, group = self.problem, self.group
-        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-        adjoint = ForwardMode() if forward else CheckpointAdjoint(self.checkpoints)
-
-        def solve(y0, times, t0):
-            return simulate(problem, y0, times, pv, t0=t0, rtol=ops.rtol, atol=ops.atol,
-                            max_steps=ops.max_steps, adjoint=adjoint, throw=False)  # fmt: skip
-
-        if not group.windows:
-            sol = solve(a["y0"], a["times"], a["t0"])
-            return sol.ys, sol.status, sol.stats["n_steps"], None
-        if theta is None:
-            raise ValueError("InferenceProblem.states: a multiple-shooting group needs theta (the window starts).")
-        starts = jnp.asarray(theta)[a["win_idx"]]
-        y0s = jnp.concatenate([a["y0"][None].astype(starts.dtype), starts], axis=0)
-        sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
-        ys = sol.ys[a["win_of"], a["win_pos"]]
-        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"][None, :]
-        return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
-
-    def observe(self, full, a: dict, ys):
-        """The observables ``(m, k)`` of one experiment's states ``ys`` (the states themselves when
-        the group observes every state)."""
-        import jax
-        import jax.numpy as jnp
-
-        if self.group.observables is None:
-            return ys
-        pv = jnp.where(a["p_entry"] >= 0, full[jnp.maximum(a["p_entry"], 0)], a["p_fixed"])
-        pdict = self.problem.params_dict(pv)
-        return jax.vmap(lambda y: jnp.asarray(self.group.observables(y, pdict), ys.dtype))(ys)
-
-    def lane(self, ops: TermOperands, full, a: dict, *, forward: bool, residuals: bool, theta=None):
-        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
-        import jax.numpy as jnp
-
-        group = self.group
-        ys, status, n_steps, cont = self.states(ops, full, a, theta, forward=forward)
-        h = self.observe(full, a, ys)
-        mask = a["mask"]
-        if group.estimated_sigma:
-            sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)
-        else:
-            sigma = a["sigma"]
-        if group.lognormal:
-            pred = jnp.log(jnp.maximum(h, jnp.finfo(h.dtype).tiny))
-            meas = jnp.log(a["data"])
-        else:
-            pred, meas = h, a["data"]
-        r = jnp.where(mask, (pred - meas) / sigma, 0.0)
-        ok = status == 0
-        bad = jnp.asarray(jnp.nan, r.dtype)
-        if residuals:
-            parts = [r.reshape(-1)]
-            if group.estimated_sigma:
-                safe = jnp.where(mask, 2.0 * jnp.log(sigma) + ops.sigma_shift, 1.0)
-                parts.append(jnp.where(mask, jnp.sqrt(safe), 0.0).reshape(-1))
-            if cont is not None:
-                parts.append(cont.reshape(-1).astype(r.dtype))
-            out = jnp.concatenate(parts)
-            out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
-        else:
-            v = self.scale * jnp.sum(r * r) + a["const"]
-            if group.estimated_sigma:
-                v = v + jnp.sum(jnp.where(mask, jnp.log(sigma), 0.0))
-            if cont is not None:
-                v = v + self.scale * jnp.sum(cont * cont)
-            out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
-        return out, status, n_steps
+def _dynamic_cells(e) -> int:
+    """Measured values of ``e`` whose spread comes from a parameter or a function."""
+    mask = np.isfinite(e.data)
+    named = np.vectorize(lambda c: c is not None, otypes=[bool])(e.sigma_names) if e.sigma_names.size else mask
+    functional = np.array([f is not None for f in e.sigma_functions])[None, :]
+    return int(np.sum(mask & (named | functional)))
 
 
 class InferenceProblem:
@@ -294,19 +161,39 @@ class InferenceProblem:
         self._scales = tuple(e.parameter.scale for e in ents)
         # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
         self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
-        sigma_entries = {r["sigma_entry"] for r in study.resolved.values() if r["sigma_entry"] >= 0}
-        if sigma_entries and objective == "chi2":
-            raise ValueError(
-                "InferenceProblem: objective='chi2' with an estimated sigma (noise.sigma a parameter name) has no "
-                "minimum in sigma; use objective='nll'."
-            )
+        self._check_objective()
+        sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
         lows = [study.entries[i].parameter.lower for i in sigma_entries]
+        if any(f is not None for e in study.experiments for f in e.sigma_functions):
+            lows.append(FUNCTION_SIGMA_FLOOR)
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
-        self.offset = float(sum(self._constant(e) for e in study.experiments)) - 0.5 * self.sigma_shift * sum(
-            e.n_measured for e in study.experiments if isinstance(e.noise.sigma, str)
-        )
+        self.offset = self.offset_of(range(len(study.experiments)))
+
+    def _check_objective(self) -> None:
+        if self.objective != "chi2":
+            return
+        for e in self.study.experiments:
+            if any(c.distribution == LAPLACE for c in e.noise_columns):
+                raise ValueError(
+                    f"InferenceProblem: objective='chi2' is a sum of squared normal residuals; experiment {e.id!r} has "
+                    "Laplace noise, which has none; use objective='nll'."
+                )
+            if e.sigma is None:
+                raise ValueError(
+                    "InferenceProblem: objective='chi2' with an estimated sigma (noise.sigma a parameter name) or a "
+                    f"sigma function (experiment {e.id!r}) has no minimum in sigma; use objective='nll'."
+                )
+
+    def offset_of(self, members) -> float:
+        """``value = scale * ||r||^2 + offset`` over the experiments ``members`` (study indices):
+        the constants of their terms, less ``K / 2`` per measured value whose spread comes from a
+        parameter or a function (the shift inside its residual)."""
+        exps = self.study.experiments
+        members = list(members)
+        constants = float(sum(self._constant(exps[i]) for i in members))
+        return constants - 0.5 * self.sigma_shift * sum(_dynamic_cells(exps[i]) for i in members)
 
     # -- multiple shooting -----------------------------------------------------------------------
     def _windows_init(self, window_store: WindowCache | None):
@@ -382,30 +269,74 @@ class InferenceProblem:
         return full_vector(self.estimated, self._scales, self.values, theta)
 
     # -- packing --------------------------------------------------------------------------------
+    def _signature(self, e, r) -> tuple:
+        """What makes experiments share a group (a compiled term): everything but numbers."""
+        if r["sigma_entry"] >= 0:
+            sigma = SIGMA_ENTRY
+        elif np.any(r["sigma_entries"] >= 0):
+            sigma = SIGMA_CELLS
+        else:
+            sigma = SIGMA_FIXED
+        functions = tuple(e.sigma_functions) if any(f is not None for f in e.sigma_functions) else ()
+        pre = None
+        if e.preequilibration is not None:
+            pr = r["pre"]
+            pre = Preequilibrated(pr["y0_function"], bool(np.any(pr["y0_entry"] >= 0)),
+                                  _steady_state(e.preequilibration.steady_state))  # fmt: skip
+        return (
+            id(e.observables) if e.observables is not None else None, e.observables_take_time,
+            tuple(name for name, _ in r["observable_plan"]), tuple(c.kind for c in e.noise_columns), sigma,
+            functions, r["k"], trajectory_signature(e.trajectory), r["y0_function"],
+            bool(np.any(r["y0_entry"] >= 0)), pre, tuple((x.time if callable(x.time) else None, x.apply) for x in e.resets),
+            e.discontinuities if callable(e.discontinuities) else len(e.discontinuities),
+            _steady_state(e.steady_state) if e.n_steady_times else None,
+        )  # fmt: skip
+
     def _group(self) -> tuple[Group, ...]:
         keys: dict = {}
-        for i, e in enumerate(self.study.experiments):
-            key = (id(e.observables) if e.observables is not None else None, isinstance(e.noise, LogNormal),
-                   isinstance(e.noise.sigma, str), e.n_observables, trajectory_signature(e.trajectory))  # fmt: skip
-            keys.setdefault(key, []).append(i)
+        study = self.study
+        for i, e in enumerate(study.experiments):
+            keys.setdefault(self._signature(e, study.resolved[e.id]), []).append(i)
         out = []
-        n = self.study.problem.n_states
-        for (_, logn, est, k, (windows,)), members in keys.items():
-            exps = [self.study.experiments[i] for i in members]
+        n = study.problem.n_states
+        for key, members in keys.items():
+            (_, take_time, op_names, noise, sigma, functions, k, (windows,), y0_function, y0_entries, pre, resets,
+             discs, steady) = key  # fmt: skip
+            exps = [study.experiments[i] for i in members]
             points = max(window_layout(e, e.trajectory)[3].shape[1] for e in exps) if windows else 0
-            out.append(Group(exps[0].observables, logn, est, k, max(e.times.shape[0] for e in exps), tuple(members),
-                             windows, points, n if windows else 0))  # fmt: skip
+            out.append(Group(
+                exps[0].observables, noise, sigma, k, max(e.times.shape[0] for e in exps), tuple(members), windows,
+                points, n if windows else 0, observables_take_time=take_time, observable_parameters=op_names,
+                sigma_functions=functions, y0_function=y0_function, y0_entries=y0_entries, preequilibration=pre,
+                resets=resets, discontinuities=discs, steady_state=steady,
+            ))  # fmt: skip
         return tuple(out)
 
     def _constant(self, e) -> float:
+        """The experiment's ``nll`` terms that no parameter changes (``log 2 pi``, known spreads, data)."""
         if self.objective == "chi2":
             return 0.0
         mask = np.isfinite(e.data)
-        c = 0.5 * math.log(2 * math.pi) * e.n_measured
+        laplace = np.array([c.distribution == LAPLACE for c in e.noise_columns])
+        bases = [c.log_base for c in e.noise_columns]
+        n_laplace = int(np.sum(mask[:, laplace]))
+        c = 0.5 * math.log(2 * math.pi) * (e.n_measured - n_laplace)
+        if n_laplace:
+            c += math.log(2.0) * n_laplace
         if e.sigma is not None:
             c += float(np.sum(np.log(e.sigma[mask])))
-        if isinstance(e.noise, LogNormal):
+        else:
+            known = mask & np.isfinite(e.sigma_values)
+            if np.any(known):
+                c += float(np.sum(np.log(e.sigma_values[known])))
+        logs = np.array([b is not None for b in bases])
+        if logs.all():
             c += float(np.sum(np.log(e.data[mask])))
+        elif logs.any():
+            c += float(np.sum(np.log(e.data[mask & logs[None, :]])))
+        for j, b in enumerate(bases):
+            if b is not None and b != math.e:
+                c += math.log(math.log(b)) * int(np.sum(mask[:, j]))
         return c
 
     def pack(self, group: Group, order: Sequence[int]) -> dict:
@@ -428,6 +359,28 @@ class InferenceProblem:
                 "win_of": np.zeros((n_lanes, m), dtype=np.int32), "win_pos": np.zeros((n_lanes, m), dtype=np.int32),
                 "win_idx": np.zeros((n_lanes, W - 1, n), dtype=np.int32), "cont_w": np.zeros((n_lanes, n)),
             })  # fmt: skip
+        # Arrays of the features the group has (a group without them packs what it always did).
+        if group.sigma == SIGMA_CELLS:
+            arr["sigma_entries"] = np.full((n_lanes, m, k), -1, dtype=np.int32)
+        if group.y0_entries:
+            arr["y0_entry"] = np.full((n_lanes, n), -1, dtype=np.int32)
+        n_op = len(group.observable_parameters)
+        if n_op:
+            arr["op_entry"] = np.full((n_lanes, n_op), -1, dtype=np.int32)
+            arr["op_fixed"] = np.zeros((n_lanes, n_op))
+        pre = group.preequilibration
+        if pre is not None:
+            arr.update({
+                "y0_set": np.zeros((n_lanes, n), dtype=bool), "pre_keep": np.ones((n_lanes, n_par), dtype=bool),
+                "pre_entry": np.full((n_lanes, n_par), -1, dtype=np.int32), "pre_fixed": np.zeros((n_lanes, n_par)),
+                "pre_y0": np.zeros((n_lanes, n)),
+            })  # fmt: skip
+            if pre.y0_entries:
+                arr["pre_y0_entry"] = np.full((n_lanes, n), -1, dtype=np.int32)
+        if group.resets:
+            arr["reset_times"] = np.zeros((n_lanes, len(group.resets)))
+        if isinstance(group.discontinuities, int) and group.discontinuities:
+            arr["discs"] = np.zeros((n_lanes, group.discontinuities))
         for lane, idx in enumerate(order):
             real = idx >= 0
             e = study.experiments[idx if real else pad_source]
@@ -444,8 +397,33 @@ class InferenceProblem:
                 arr["valid"][lane] = True
             if e.sigma is not None:
                 arr["sigma"][lane, :mi] = e.sigma
+            else:
+                arr["sigma"][lane, :mi] = np.where(np.isfinite(e.sigma_values), e.sigma_values, 1.0)
             arr["sigma_entry"][lane] = max(r["sigma_entry"], 0)
-            arr["y0"][lane] = r["y0"]
+            if "sigma_entries" in arr:
+                arr["sigma_entries"][lane, :mi] = r["sigma_entries"]
+            if r["y0"] is not None:
+                arr["y0"][lane] = np.where(np.isfinite(r["y0"]), r["y0"], 0.0)
+            if "y0_entry" in arr:
+                arr["y0_entry"][lane] = r["y0_entry"]
+            for j, (_, (kind, v)) in enumerate(r["observable_plan"]):
+                arr["op_entry" if kind == "entry" else "op_fixed"][lane, j] = v
+            if pre is not None:
+                pr = r["pre"]
+                arr["y0_set"][lane] = r["y0_set"]
+                if pr["y0"] is not None:
+                    arr["pre_y0"][lane] = np.where(np.isfinite(pr["y0"]), pr["y0"], 0.0)
+                if "pre_y0_entry" in arr:
+                    arr["pre_y0_entry"][lane] = pr["y0_entry"]
+                for j, (kind, v) in enumerate(pr["plan"]):
+                    if kind != "keep":
+                        arr["pre_keep"][lane, j] = False
+                        arr["pre_entry" if kind == "entry" else "pre_fixed"][lane, j] = v
+            for i, x in enumerate(e.resets):
+                if not callable(x.time):
+                    arr["reset_times"][lane, i] = float(x.time)
+            if "discs" in arr:
+                arr["discs"][lane] = e.discontinuities
             if W:
                 edges, wof, pos, wt = window_layout(e, e.trajectory)
                 arr["win_t0"][lane] = edges[:-1]
@@ -517,7 +495,9 @@ class InferenceProblem:
             ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
             curve_t = curve = None
             if points > 0 and not group.windows:
-                span = arrs["times"][:, -1:] - arrs["t0"][:, None]
+                # From t0 to the last finite time (+inf times are the steady state, not on the curve).
+                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
+                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
                 dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
                 _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
                 curve_t = dense["times"]

@@ -136,6 +136,12 @@ class Study:
     Attributes:
         entries: the expanded study parameters (one per parameter, or per member of its level).
         entry_names: their names.
+        resolved: experiment id -> how its numbers come from the entries: ``plan`` (per model
+            parameter ``("entry", index)`` or ``("fixed", value)``), ``y0`` (numbers, NaN where
+            estimated; None for a callable), ``y0_entry``, ``y0_set``, ``y0_function``,
+            ``observable_plan`` ((name, plan) pairs), ``sigma_entries`` ``(m, k)``, ``sigma_entry``,
+            ``pre`` (the pre-equilibration's ``plan`` with ``("keep", 0)`` for the experiment's
+            value, and its ``y0...``; None without one), ``k`` (observables).
 
     Raises:
         ValueError: naming the experiment and the field: duplicate ids, an unknown parameter in a
@@ -240,7 +246,7 @@ class Study:
         return self.entry_index[f"{name}[{member}]"]
 
     def _resolve(self, e: Experiment) -> dict:
-        """Per model parameter: ("entry", index) or ("fixed", value); y0; sigma entry; observable count."""
+        """How the experiment's numbers come from the study's entries (the ``resolved`` attribute)."""
         prob = self.problem
         where = f"Experiment {e.id!r}"
         model = prob.parameter_names
@@ -273,44 +279,185 @@ class Study:
                     f"{where}: model parameter {name!r} has no value: give it in conditions, map it in "
                     "parameters, or add a study parameter of that name."
                 )
-        n = prob.n_states
-        if e.y0 is None:
-            if prob.spec.y0 is None:
-                raise ValueError(f"{where}: y0 is not given and the model has no default y0.")
-            y0 = np.asarray(prob.spec.y0, dtype=np.float64)
-        elif isinstance(e.y0, dict):
-            unknown = [k for k in e.y0 if k not in prob.state_names]
-            if unknown:
-                raise ValueError(f"{where}: y0 names unknown state(s) {unknown}; states are {list(prob.state_names)[:10]}...")
-            if prob.spec.y0 is None and len(e.y0) != n:
-                raise ValueError(f"{where}: y0 gives {len(e.y0)} of {n} states and the model has no default y0.")
-            y0 = np.array(prob.spec.y0 if prob.spec.y0 is not None else np.zeros(n), dtype=np.float64)
-            for k, v in e.y0.items():
-                y0[prob.state_names.index(k)] = v
-        else:
-            y0 = e.y0
-            if y0.shape != (n,):
-                raise ValueError(f"{where}: y0 has shape {y0.shape}; the model has {n} states.")
-        sigma_entry = -1
-        if isinstance(e.noise.sigma, str):
-            if e.noise.sigma not in self.table:
-                raise ValueError(
-                    f"{where}: noise.sigma names {e.noise.sigma!r}, which is not a study parameter; add it to the "
-                    "parameter table."
-                )
-            sp = self.table[e.noise.sigma]
-            if sp.lower <= 0:
-                raise ValueError(
-                    f"{where}: noise.sigma is study parameter {sp.name!r}, whose lower bound {sp.lower} must be positive."
-                )
-            sigma_entry = self.entry_of(e, e.noise.sigma)
+        out = {"plan": tuple(plan)}
+        out.update(self._initial_state(e, e.y0, "y0", main=True))
+        out["observable_plan"] = self._observable_plan(e)
+        out.update(self._sigma_entries(e))
+        out["pre"] = self._preequilibration(e, plan) if e.preequilibration is not None else None
         k = self._observable_count(e)
         if e.data.shape[1] != k:
             raise ValueError(
                 f"{where}: data has shape {e.data.shape}; the observables give {k} value(s) per time, so data must "
                 f"be ({e.times.shape[0]}, {k})."
             )
-        return {"plan": tuple(plan), "y0": y0, "sigma_entry": sigma_entry, "k": k}
+        out["k"] = k
+        self._check_functions(e, out)
+        return out
+
+    def _study_entry(self, e: Experiment, name: str, field: str) -> int:
+        if name not in self.table:
+            raise ValueError(
+                f"Experiment {e.id!r}: {field} names {name!r}, which is not a study parameter; add it to the "
+                "parameter table."
+            )
+        return self.entry_of(e, name)
+
+    def _initial_state(self, e: Experiment, y0: Any, field: str, *, main: bool) -> dict:
+        """``y0`` (numbers, NaN where estimated or computed), ``y0_entry`` (entry per state, -1: not
+        estimated), ``y0_set`` (the states ``y0`` names), ``y0_function`` (a callable or None)."""
+        prob = self.problem
+        where = f"Experiment {e.id!r}"
+        n = prob.n_states
+        entry = np.full(n, -1, dtype=np.int64)
+        preeq_main = main and e.preequilibration is not None
+        out = {"y0": None, "y0_entry": entry, "y0_set": np.zeros(n, dtype=bool), "y0_function": None}
+        if callable(y0):
+            out["y0_function"] = y0
+            return out
+        if y0 is None:
+            if preeq_main:
+                out["y0"] = np.zeros(n)
+                return out
+            if prob.spec.y0 is None:
+                raise ValueError(f"{where}: {field} is not given and the model has no default y0.")
+            out["y0"] = np.asarray(prob.spec.y0, dtype=np.float64)
+            return out
+        if isinstance(y0, dict):
+            unknown = [k for k in y0 if k not in prob.state_names]
+            if unknown:
+                raise ValueError(
+                    f"{where}: {field} names unknown state(s) {unknown}; states are {list(prob.state_names)[:10]}..."
+                )
+            if prob.spec.y0 is None and len(y0) != n and not preeq_main:
+                raise ValueError(f"{where}: {field} gives {len(y0)} of {n} states and the model has no default y0.")
+            values = np.array(prob.spec.y0 if prob.spec.y0 is not None else np.zeros(n), dtype=np.float64)
+            for k, v in y0.items():
+                i = prob.state_names.index(k)
+                out["y0_set"][i] = True
+                if isinstance(v, str):
+                    entry[i] = self._study_entry(e, v, f"{field}[{k!r}]")
+                    values[i] = np.nan
+                else:
+                    values[i] = v
+            out["y0"] = values
+            return out
+        if y0.shape != (n,):
+            raise ValueError(f"{where}: {field} has shape {y0.shape}; the model has {n} states.")
+        out["y0"] = y0
+        out["y0_set"][:] = True
+        return out
+
+    def _observable_plan(self, e: Experiment) -> tuple:
+        model = set(self.problem.parameter_names)
+        clash = sorted(k for k in e.observable_parameters if k in model)
+        if clash:
+            raise ValueError(
+                f"Experiment {e.id!r}: observable_parameters names {clash}, which are model parameters; give "
+                "observable parameters names of their own (the model's are set by conditions/parameters)."
+            )
+        plan = []
+        for name in sorted(e.observable_parameters):
+            v = e.observable_parameters[name]
+            if isinstance(v, str):
+                plan.append((name, ("entry", self._study_entry(e, v, f"observable_parameters[{name!r}]"))))
+            else:
+                plan.append((name, ("fixed", float(v))))
+        return tuple(plan)
+
+    def _sigma_entries(self, e: Experiment) -> dict:
+        """``sigma_entries`` ``(m, k)`` (the entry of each named spread, -1 elsewhere) and
+        ``sigma_entry`` (the one entry of a single named spread, as ``noise.sigma="name"``, else -1)."""
+        entries = np.full(e.data.shape, -1, dtype=np.int64)
+        shared = not isinstance(e.noise, (list, tuple))
+        for (i, j), name in np.ndenumerate(e.sigma_names):
+            if name is None:
+                continue
+            model = e.noise_columns[j]
+            label = f"noise.{model.spread_field}" if shared else f"noise[{j}].{model.spread_field}"
+            if name not in self.table:
+                raise ValueError(
+                    f"Experiment {e.id!r}: {label} names {name!r}, which is not a study parameter; add it to the "
+                    "parameter table."
+                )
+            sp = self.table[name]
+            if sp.lower <= 0:
+                raise ValueError(
+                    f"Experiment {e.id!r}: {label} is study parameter {sp.name!r}, whose lower bound {sp.lower} must be "
+                    "positive."
+                )
+            entries[i, j] = self.entry_of(e, name)
+        single = -1
+        if shared and isinstance(e.noise.spread, str):
+            single = int(entries[0, 0])
+        return {"sigma_entries": entries, "sigma_entry": single}
+
+    def _preequilibration(self, e: Experiment, plan) -> dict:
+        pre = e.preequilibration
+        model = self.problem.parameter_names
+        unknown = [k for k in pre.conditions if k not in model]
+        if unknown:
+            raise ValueError(
+                f"Experiment {e.id!r}: preequilibration.conditions names unknown model parameter(s) {unknown}; the "
+                f"model's parameters are {list(model)}."
+            )
+        pre_plan = []
+        for name in model:
+            if name not in pre.conditions:
+                pre_plan.append(("keep", 0.0))
+            elif isinstance(pre.conditions[name], str):
+                pre_plan.append(
+                    ("entry", self._study_entry(e, pre.conditions[name], f"preequilibration.conditions[{name!r}]"))
+                )
+            else:
+                pre_plan.append(("fixed", float(pre.conditions[name])))
+        out = {"plan": tuple(pre_plan)}
+        out.update(self._initial_state(e, pre.y0, "preequilibration.y0", main=False))
+        return out
+
+    def _check_functions(self, e: Experiment, resolved: dict) -> None:
+        """Trace the experiment's callables once (shapes only) for an early, named error."""
+        import jax
+
+        prob = self.problem
+        n, k = prob.n_states, resolved["k"]
+        p = {name: jax.ShapeDtypeStruct((), prob.dtype) for name in prob.parameter_names}
+        po = dict(p, **{name: jax.ShapeDtypeStruct((), prob.dtype) for name, _ in resolved["observable_plan"]})
+        scalar = jax.ShapeDtypeStruct((), prob.dtype)
+        checks = []
+        for field, fn in (("y0", resolved["y0_function"]),
+                          ("preequilibration.y0", (resolved["pre"] or {}).get("y0_function"))):  # fmt: skip
+            if fn is not None:
+                checks.append((f"{field}(p)", fn, (dict(p),), ((n,),)))
+        shared = not isinstance(e.noise, (list, tuple))
+        seen = set()
+        for j, fn in enumerate(e.sigma_functions):
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            field = e.noise_columns[j].spread_field
+            label = f"noise.{field}(t, h, p)" if shared else f"noise[{j}].{field}(t, h, p)"
+            h = jax.ShapeDtypeStruct((k,), prob.dtype)
+            checks.append((label, fn, (scalar, h, dict(po)), ((k,), ()) if shared else ((k,), (), (1,))))
+        if callable(e.discontinuities):
+            checks.append(("discontinuities(p)", e.discontinuities, (dict(p),), None))
+        for i, r in enumerate(e.resets):
+            if callable(r.time):
+                checks.append((f"resets[{i}].time(p)", r.time, (dict(p),), ((), (1,))))
+        for label, fn, args, shapes in checks:
+            try:
+                out = jax.eval_shape(fn, *args)
+            except Exception as err:  # noqa: BLE001 (the user's function)
+                raise ValueError(
+                    f"Experiment {e.id!r}: {label} failed when traced with p a dict of the model parameters: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
+            shape = getattr(out, "shape", None)
+            if shapes is None:
+                if shape is None or len(shape) != 1:
+                    raise ValueError(f"Experiment {e.id!r}: {label} must return a 1-D array of times, got shape {shape}.")
+            elif shape not in shapes:
+                raise ValueError(f"Experiment {e.id!r}: {label} must return shape {' or '.join(map(str, shapes))}, "
+                                 f"got {shape}.")  # fmt: skip
 
     def _observable_count(self, e: Experiment) -> int:
         prob = self.problem
@@ -321,12 +468,16 @@ class Study:
 
         y = jnp.ones((prob.n_states,), prob.dtype)
         p = {k: jnp.ones((), prob.dtype) for k in prob.parameter_names}
+        p.update({k: jnp.ones((), prob.dtype) for k in e.observable_parameters})
+        form = "observables(t, y, p)" if e.observables_take_time else "observables(y, p)"
+        args = (jnp.ones((), prob.dtype), y, p) if e.observables_take_time else (y, p)
         try:
-            out = jax.eval_shape(e.observables, y, p)
+            out = jax.eval_shape(e.observables, *args)
         except Exception as err:  # noqa: BLE001 (the user's function)
             raise ValueError(
-                f"Experiment {e.id!r}: observables(y, p) failed when traced with y of shape ({prob.n_states},) and p a "
-                f"dict of the model parameters: {type(err).__name__}: {err}"
+                f"Experiment {e.id!r}: {form} failed when traced with y of shape ({prob.n_states},) and p a "
+                f"dict of the model parameters{' and observable parameters' if e.observable_parameters else ''}: "
+                f"{type(err).__name__}: {err}"
             ) from err
         shape = getattr(out, "shape", None)
         if shape is None or len(shape) != 1:

@@ -48,6 +48,20 @@ def _model_values(study, values: np.ndarray, experiment) -> np.ndarray:
     return np.array([values[v] if kind == "entry" else v for kind, v in plan], dtype=np.float64)
 
 
+def initial_state(study, values: np.ndarray, experiment) -> np.ndarray:
+    """The experiment's initial state ``(n,)`` at the entries' linear ``values`` (numpy): its
+    ``y0`` with estimated initial amounts filled in, or its ``y0(p)`` evaluated."""
+    r = study.resolved[experiment.id]
+    if r["y0_function"] is not None:
+        problem = study.problem
+        pdict = dict(zip(problem.parameter_names, _model_values(study, values, experiment)))
+        return np.asarray(r["y0_function"](pdict), dtype=np.float64)
+    y0 = np.array(r["y0"], dtype=np.float64)
+    est = r["y0_entry"] >= 0
+    y0[est] = values[r["y0_entry"][est]]
+    return y0
+
+
 def _observed(experiment, n_states: int) -> np.ndarray:
     """Per state: whether the data observe it directly (``observables=None`` and a measured value)."""
     if experiment.observables is not None:
@@ -68,7 +82,6 @@ def window_key(study, values: np.ndarray, solver, experiment) -> str:
         A 32-character hex string.
     """
     traj: Multishoot = experiment.trajectory
-    r = study.resolved[experiment.id]
     h = hashlib.sha256()
 
     def put(label, value):
@@ -84,7 +97,7 @@ def window_key(study, values: np.ndarray, solver, experiment) -> str:
     put("init", traj.init)
     put("edges", np.asarray(traj.edges(experiment), dtype=np.float64))
     put("t0", float(experiment.t0))
-    put("y0", np.asarray(r["y0"], dtype=np.float64))
+    put("y0", initial_state(study, values, experiment))
     put("params", _model_values(study, values, experiment))
     put("times", np.asarray(experiment.times, dtype=np.float64))
     put("data", np.where(np.isfinite(experiment.data), experiment.data, np.inf))
@@ -116,8 +129,7 @@ def compute_starts(study, values: np.ndarray, solver, experiment) -> np.ndarray:
         )
     starts = np.zeros((inner.size, n))
     if not np.all(observed):
-        r = study.resolved[experiment.id]
-        sol = simulate(problem, r["y0"], inner, _model_values(study, values, experiment), t0=experiment.t0,
+        sol = simulate(problem, initial_state(study, values, experiment), inner, _model_values(study, values, experiment), t0=experiment.t0,
                        rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps, adjoint=ForwardMode(),
                        throw=False)  # fmt: skip
         _counter["solves"] += 1

@@ -1,4 +1,5 @@
-"""Stiff integrators and their sensitivities: ``simulate``, ``Solution``, status codes; the
+"""Stiff integrators and their sensitivities: ``simulate`` (with state ``Reset`` s and
+``SteadyState`` outputs at ``t = inf``), ``Solution``, status codes; the
 integrator interface (``AbstractIntegrator``, ``AbstractRosenbrock`` with a ``RosenbrockTableau``),
 its methods (``Rodas5P``, ``ImplicitEuler``) and the adjoint interface (``AbstractAdjoint``)."""
 
@@ -14,10 +15,11 @@ from ._method import Attempt as Attempt
 from ._method import Work as Work
 from ._rodas5p import Rodas5P as Rodas5P
 from ._rosenbrock import AbstractRosenbrock as AbstractRosenbrock
+from ._reset import Reset as Reset
 from ._simulate import simulate as simulate
 from ._solution import Solution as Solution
 from ._status import SolveError as SolveError
 from ._status import Status as Status
+from ._steady_state import SteadyState as SteadyState
 from ._tolerance import ToleranceWarning as ToleranceWarning
 from ._tableau import RosenbrockTableau as RosenbrockTableau
-from ._tolerance import ToleranceWarning as ToleranceWarning

@@ -292,9 +292,14 @@ def _solve_bwd(static, residuals, cotangents):
     template = _with_recorder(method, template, capacity)
     count = jnp.where(n_total > 0, (n_total - 1) // stride + 1, 0)
 
+    steady = cfg.steady is not None
+
     def step_vjp(rec: StepRecord, lam, pbar):
         """Adjoint of the accepted step of ``rec``: outputs it wrote, then the step itself."""
         wrote = (t_eval == rec.t_new) & (t_eval > t0)
+        if steady:
+            # The steady state (+inf outputs) is the state after the last accepted step.
+            wrote = wrote | (jnp.isposinf(t_eval) & (rec.n_steps == n_total - 1))
         lam = lam + jnp.sum(jnp.where(wrote[:, None], ct_ys, 0.0), axis=0).astype(lam.dtype)
         t, h, cap = (x.astype(adjoint_dtype) for x in (rec.t, rec.acc_h, rec.acc_cap))
 
@@ -351,6 +356,8 @@ def _solve_bwd(static, residuals, cotangents):
         lambda st: st[0] >= 0, segment, (count - 1, lam0, pbar0, jnp.zeros((), bool))
     )
     at_start = t_eval <= t0
+    if steady:
+        at_start = at_start | (jnp.isposinf(t_eval) & (n_total == 0))
     lam = lam + jnp.sum(jnp.where(at_start[:, None], ct_ys, 0.0), axis=0).astype(adjoint_dtype)
     token = prepared.end(workspace, (lam, pbar))
     del token  # the release is ordered after the cotangents; its value is not needed

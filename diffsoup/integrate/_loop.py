@@ -25,6 +25,7 @@ from ..linear import Workspace
 from ._linear_solve import SolveModes
 from ._method import AbstractIntegrator
 from ._status import RUNNING, Status
+from ._steady_state import SteadyCriterion, is_steady
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,7 @@ class StepControl(NamedTuple):
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["rtol", "atol", "h0", "max_steps", "control"],
+    data_fields=["rtol", "atol", "h0", "max_steps", "control", "steady"],
     meta_fields=["method", "modes", "fixed_step"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,9 @@ class LoopConfig:
         method: the :class:`~diffsoup.integrate.AbstractIntegrator` (static).
         modes: the :class:`SolveModes` (static).
         fixed_step: True for ``ConstantStep`` (no error control), False for ``PIController`` (static).
+        steady: a :class:`SteadyCriterion` when ``+inf`` outputs are steady states, else None; None
+            or not is part of the pytree's structure, so only programs that look for a steady
+            state contain its test.
     """
 
     rtol: Any
@@ -137,6 +141,7 @@ class LoopConfig:
     method: AbstractIntegrator
     modes: SolveModes
     fixed_step: bool
+    steady: SteadyCriterion | None = None
 
 
 class Counters(NamedTuple):
@@ -255,9 +260,18 @@ def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace, *,
     # Outputs not reached (a failed solve) stay NaN: no plausible-looking value.
     ys = jnp.where(done[:, None], y0[None, :], jnp.full((m, n), jnp.nan, dtype))
     i_out = jnp.sum(done).astype(jnp.int32)
+    t_end = t_eval[-1]
+    if cfg.steady is not None:
+        t_end = jnp.where(jnp.isposinf(t_end), cfg.steady.t_end, t_end)
     if evaluate:
         f0 = problem.rhs(t0, y0, p)
-        h = initial_step(problem, cfg, t0, y0, p, f0, t_eval[-1])
+        h = initial_step(problem, cfg, t0, y0, p, f0, t_end)
+        if cfg.steady is not None:
+            # Steady already at t0 (every finite output at or before it): the +inf outputs are y0.
+            searching = (i_out < m) & jnp.isposinf(t_eval[jnp.minimum(i_out, m - 1)])
+            reached = searching & is_steady(cfg.steady, f0, y0)
+            ys = jnp.where((reached & (jnp.arange(m) >= i_out))[:, None], y0[None, :], ys)
+            i_out = jnp.where(reached, m, i_out).astype(jnp.int32)
     else:
         f0, h = jnp.zeros_like(y0), jnp.zeros((), dtype)
     finite = jnp.all(jnp.isfinite(y0)) & jnp.all(jnp.isfinite(p))
@@ -282,6 +296,11 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
     fixed = cfg.fixed_step
 
     t_out = t_eval[jnp.minimum(c.i_out, m - 1)]
+    steady = cfg.steady
+    if steady is not None:
+        # Past the last finite output: step on (towards the horizon) until the state is steady.
+        searching = jnp.isposinf(t_out)
+        t_out = jnp.where(searching, steady.t_end, t_out)
     if d:
         has_disc = c.i_disc < d
         t_disc = jnp.where(has_disc, discs[jnp.minimum(c.i_disc, d - 1)], jnp.inf)
@@ -328,6 +347,17 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
 
     n = c.counters
     work = proposal.work
+    if steady is not None:
+        # The test at each accepted step of the search: one right-hand side (none otherwise).
+        check = accept & searching
+        f_new = jax.lax.cond(
+            check, lambda: problem.rhs(*jax.lax.stop_gradient((t_new, y_new, p))), lambda: jnp.zeros_like(y_new)
+        )
+        reached = check & is_steady(steady, f_new, y_new)
+        ys = jnp.where((reached & (idx >= c.i_out))[:, None], y_new[None, :], ys)
+        i_out = jnp.where(reached, m, i_out).astype(jnp.int32)
+        gave_up = check & ~reached & (t_new >= steady.t_end)
+        work = work._replace(n_rhs=work.n_rhs + check.astype(jnp.int32))
     counters = Counters(
         n_steps=n.n_steps + accept.astype(jnp.int32),
         n_rejected=n.n_rejected + (~accept).astype(jnp.int32),
@@ -348,6 +378,10 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
         ~finite, Status.NONFINITE_STATE, jnp.where(~proposal.linear_ok, Status.LINEAR_SOLVE_FAILED, Status.STEP_TOO_SMALL)
     )
     status = jnp.where(stuck, cause, status).astype(jnp.int32)
+    if steady is not None:
+        # Out of time or out of steps while looking for it: no steady state.
+        no_steady = ((status == RUNNING) & gave_up) | (searching & (status == Status.MAX_STEPS))
+        status = jnp.where(no_steady, Status.STEADY_STATE_NOT_REACHED, status).astype(jnp.int32)
 
     def pick(new, old):
         return jnp.where(accept, new, old)

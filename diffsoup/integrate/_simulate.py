@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -15,8 +16,10 @@ from ._linear_solve import SolveModes
 from ._loop import ConstantStep, LoopConfig, PIController
 from ._method import AbstractIntegrator
 from ._rodas5p import Rodas5P
+from ._reset import Reset, solve_with_resets
 from ._solution import Solution
 from ._status import SolveError
+from ._steady_state import SteadyState, steady_criterion
 from ._tolerance import checked_rtol, rtol_floor
 
 
@@ -52,6 +55,13 @@ def _is_concrete(x) -> bool:
         return False
 
 
+def _steady_numbers(steady_state: SteadyState, cfg: LoopConfig, n, dtype, name):
+    """``(rtol, atol (n,), horizon)`` of the steady-state test (the solve's tolerances where None)."""
+    rtol = cfg.rtol if steady_state.rtol is None else _operand(steady_state.rtol, dtype)
+    atol = cfg.atol if steady_state.atol is None else _atol_vector(steady_state.atol, n, dtype, name)
+    return rtol, atol, _operand(steady_state.horizon, dtype)
+
+
 def simulate(
     problem: Problem,
     y0: Any = None,
@@ -65,7 +75,9 @@ def simulate(
     controller: PIController | ConstantStep = PIController(),
     max_steps: int = 100_000,
     h0: float | None = None,
-    discontinuities: Sequence[float] = (),
+    discontinuities: Any = (),
+    resets: Sequence[Reset] = (),
+    steady_state: SteadyState | None = None,
     adjoint: AbstractAdjoint = CheckpointAdjoint(),
     throw: bool = True,
 ) -> Solution:
@@ -80,7 +92,10 @@ def simulate(
     Args:
         problem: a built problem (``spec.build()``).
         y0: initial state ``(n,)``; None takes the spec's ``y0``.
-        t_eval: output times ``(m,)``, non-decreasing, at or after ``t0``; every one is a step endpoint.
+        t_eval: output times ``(m,)``, non-decreasing, at or after ``t0``; every one is a step
+            endpoint. Entries ``+inf`` (at the end) are the steady state: past the last finite
+            output the solve goes on until the state is steady (``steady_state``) and reports it
+            there.
         params: parameters: a dict by name (missing names take defaults), a vector in
             ``problem.parameter_names`` order, or None for the defaults.
         t0: initial time.
@@ -94,7 +109,20 @@ def simulate(
         controller: ``PIController()`` (adaptive) or ``ConstantStep(h)``.
         max_steps: most step attempts (accepted and rejected).
         h0: first step size (None: chosen from the problem).
-        discontinuities: times where ``rhs`` jumps; steps land on them and do not cross them.
+        discontinuities: times where ``rhs`` jumps; steps land on them and do not cross them. A
+            sequence or an array (it may be traced: its length is part of the program, its
+            values are not); ``+inf`` entries stand for none (to pad lanes to one length).
+        resets: :class:`~diffsoup.integrate.Reset` s (or one): at each one's time the state jumps to its
+            ``apply(t, y, p)``; an output at a reset time reports the state after the jump. The
+            solve is a chain of solves between reset times, differentiable through the jumps
+            (both ``adjoint=`` kinds); reset times are operands (new times compile nothing; they
+            may be traced) and are not differentiated. ``max_steps`` bounds the whole chain.
+        steady_state: a :class:`~diffsoup.integrate.SteadyState`: when the state is steady and
+            how long to look for it. None takes ``SteadyState()`` when ``t_eval`` has ``+inf``
+            entries; under ``jit``/``vmap`` with traced ``t_eval``, give it to allow them (the
+            program then contains the steady-state test; without ``+inf`` outputs a solve is
+            what it would be without it). Failing to find it within its ``horizon`` (or within
+            ``max_steps``) is ``Status.STEADY_STATE_NOT_REACHED``.
         adjoint: ``CheckpointAdjoint(checkpoints=...)`` or ``ForwardMode()`` (an
             :class:`~diffsoup.integrate.AbstractAdjoint`).
         throw: when the result is concrete (not under jit/vmap), raise :class:`SolveError` on a
@@ -104,9 +132,11 @@ def simulate(
         A :class:`Solution` (after a failure, the outputs the solve did not reach are NaN).
 
     Raises:
-        TypeError: for a ``problem``, ``method``, ``adjoint`` or ``controller`` of the wrong kind.
+        TypeError: for a ``problem``, ``method``, ``adjoint``, ``controller``, ``resets`` or
+            ``steady_state`` of the wrong kind.
         ValueError: for a wrong ``y0`` shape, non-finite ``y0``, unknown parameter names,
-            non-positive tolerances, a non-positive ``h0`` or ``max_steps``, or bad output times.
+            non-positive tolerances, a non-positive ``h0`` or ``max_steps``, bad output times,
+            NaN discontinuities, or a reset whose ``apply`` returns a wrong shape.
         SolveError: for a failed solve, when ``throw`` and the result is concrete.
     """
     if not isinstance(problem, Problem):
@@ -138,12 +168,19 @@ def simulate(
     if t_eval.ndim != 1 or t_eval.shape[0] == 0:
         raise ValueError(f"simulate({name!r}): t_eval must be a non-empty 1-D array of times.")
     t0 = jnp.asarray(t0, dtype)
+    has_inf = False
     if _is_concrete(t_eval) and _is_concrete(t0):
         te = np.asarray(t_eval)
-        if not np.all(np.isfinite(te)) or np.any(np.diff(te) < 0) or te[0] < float(t0):
+        if np.any(np.isnan(te)) or np.any(te[1:] < te[:-1]) or te[0] < float(t0) or not np.isfinite(float(t0)):
             raise ValueError(
-                f"simulate({name!r}): t_eval must be finite, non-decreasing and not before t0={float(t0)}."
+                f"simulate({name!r}): t_eval must be non-decreasing and not before t0={float(t0)} (and finite, "
+                "but for +inf entries at its end: the steady state)."
             )
+        has_inf = bool(np.isposinf(te[-1]))
+    if steady_state is not None and not isinstance(steady_state, SteadyState):
+        raise TypeError(f"simulate({name!r}): steady_state={steady_state!r} must be a ds.integrate.SteadyState or None.")
+    if steady_state is None and has_inf:
+        steady_state = SteadyState()
     pvec = problem.parameter_vector(params)
     # The numbers below are operands of the compiled solve: new values compile nothing.
     if _is_concrete(rtol):
@@ -159,9 +196,14 @@ def simulate(
             raise ValueError(f"simulate({name!r}): max_steps={max_steps!r} must be a positive integer (below 2**31).")
     if h0 is not None and _is_concrete(h0) and not (float(h0) > 0 and np.isfinite(float(h0))):
         raise ValueError(f"simulate({name!r}): h0={h0!r} must be a positive finite step size (or None).")
-    discs = np.sort(np.asarray(discontinuities, dtype=np.float64).reshape(-1))
-    if not np.all(np.isfinite(discs)):
-        raise ValueError(f"simulate({name!r}): discontinuities must be finite times.")
+    if _is_concrete(discontinuities):
+        discs = np.sort(np.asarray(discontinuities, dtype=np.float64).reshape(-1))
+        if np.any(np.isnan(discs)):
+            raise ValueError(f"simulate({name!r}): discontinuities must be times (finite, or +inf for none), not NaN.")
+        discs_j = jnp.asarray(discs, dtype)
+    else:
+        discs_j = jnp.asarray(discontinuities).astype(dtype).reshape(-1)
+        discs_j = jnp.sort(jnp.where(jnp.isnan(discs_j), jnp.inf, discs_j))
     prec = problem.precision
     modes = SolveModes(
         primal=prec.effective_solve_mode,
@@ -174,9 +216,18 @@ def simulate(
         max_steps=_operand(max_steps, np.int32), control=controller.control(dtype), method=method, modes=modes,
         fixed_step=isinstance(controller, ConstantStep),
     )  # fmt: skip
-    discs_j = jnp.asarray(discs, dtype)
-    t0, t_eval = jax.lax.stop_gradient((t0, t_eval))
-    ys, status, stats = adjoint.solve(problem, cfg, y0, pvec, t0, t_eval, discs_j)
+    t0, t_eval, discs_j = jax.lax.stop_gradient((t0, t_eval, discs_j))
+    steady = None
+    if steady_state is not None:
+        steady = _steady_numbers(steady_state, cfg, n, dtype, name)
+    if isinstance(resets, Reset):
+        resets = (resets,)
+    if resets:
+        ys, status, stats = solve_with_resets(adjoint, problem, cfg, y0, pvec, t0, t_eval, discs_j, resets, steady)
+    else:
+        if steady is not None:
+            cfg = dataclasses.replace(cfg, steady=steady_criterion(*steady, t0, t_eval))
+        ys, status, stats = adjoint.solve(problem, cfg, y0, pvec, t0, t_eval, discs_j)
     sol = Solution(t_eval, ys, status, stats)
     if throw and _is_concrete(status) and not sol.ok:
         raise SolveError(status, f" for {name!r}")

@@ -17,9 +17,10 @@ class Solution:
     """States at the requested times and what it took to get them.
 
     Attributes:
-        ts: the output times, ``(m,)``.
-        ys: the states at those times, ``(m, n)``; after a failure, the times the solve did not
-            reach hold NaN (check ``status``).
+        ts: the output times, ``(m,)`` (``+inf`` for steady-state outputs).
+        ys: the states at those times, ``(m, n)`` (at ``+inf``: the steady state, see
+            :class:`~diffsoup.integrate.SteadyState`); after a failure, the times the solve did
+            not reach hold NaN (check ``status``).
         status: a :class:`Status` code (int32; one per experiment under vmap).
         stats: counters (int32): ``n_steps`` (accepted), ``n_rejected``, ``n_jac`` (Jacobian
             evaluations), ``n_factor`` (factorizations), ``n_solves``, ``n_ir_steps`` (refinement

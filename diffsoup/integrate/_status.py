@@ -15,6 +15,7 @@ class Status(enum.IntEnum):
     STEP_TOO_SMALL = 2
     NONFINITE_STATE = 3
     LINEAR_SOLVE_FAILED = 4
+    STEADY_STATE_NOT_REACHED = 5
 
     @property
     def message(self) -> str:
@@ -32,11 +33,13 @@ _MESSAGES = {
     "initial state or parameters are not finite",
     Status.LINEAR_SOLVE_FAILED: "the linear solves failed (singular W = I/(h gamma) - J, or float32 refinement "
     "stalled); try solve_mode='fp64' or 'adaptive'",
+    Status.STEADY_STATE_NOT_REACHED: "no steady state (t = inf outputs) within SteadyState.horizon or max_steps: the "
+    "system may oscillate or drift; raise the horizon or max_steps, or loosen SteadyState's tolerances",
 }
 
 
 class SolveError(RuntimeError):
-    """A solve did not reach the last output time; ``status`` holds the code(s)."""
+    """A solve did not reach the last output time (or a steady state); ``status`` holds the code(s)."""
 
     def __init__(self, status, where: str = ""):
         self.status = np.asarray(status)

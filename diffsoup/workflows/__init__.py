@@ -1,7 +1,9 @@
-"""What the ``diffsoup`` command and the job scripts run on a study file: a fit (the study lowered
+"""What the ``diffsoup`` command and the job scripts run on a study file (or a PEtab v1 problem's
+YAML file, read by ``ds.petab.load``): a fit (the study lowered
 over a Dask cluster's workers with ``ds.distributed.run``), a campaign of fit starts (one
 ``checkpointed_map`` task per start, resumable from its JSON ledger), and a simulation; each writes
-a Zarr store, a JSON summary and PNG plots into an output directory."""
+a Zarr store, a JSON summary and PNG plots into an output directory (and, for a PEtab problem, the
+PEtab simulation table ``simulation.tsv``)."""
 
 from ._study_runs import StudyFailedError as StudyFailedError
 from ._study_runs import campaign_study as campaign_study

@@ -4,6 +4,7 @@ Output directory layout (each command writes its own files; reruns replace them)
 
     <out>/results.zarr       fit / campaign: the best fit (diffsoup.store.write_fit)
     <out>/simulation.zarr    simulate: trajectories at the measurement times (write_simulation)
+    <out>/simulation.tsv     a PEtab problem (fit / campaign / simulate): the PEtab simulation table
     <out>/summary.json       a short summary: objective, estimates, standard errors, starts, status
     <out>/campaign.json      campaign: the JSON ledger of the starts (a rerun resumes from it)
     <out>/plots/fits.png     each experiment's model against its data
@@ -130,6 +131,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
     predictions = prob.predict(result.theta, points=CURVE_POINTS)
     store = write_fit(result, out / "results.zarr", lowered, overwrite=True, observables=sf.observables,
                       predictions=predictions)  # fmt: skip
+    extra = dict(extra, **_petab_table(sf, predictions, out))
     pictures = []
     if plots:
         from ..plots import plot_estimates, plot_fits, plot_waterfall
@@ -433,6 +435,7 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
     used = {e.name: float(v) for e, v in zip(sf.study.entries, problem.values)}
     store = write_simulation(out / "simulation.zarr", sf.study, predictions, used, observables=sf.observables,
                              overwrite=True)  # fmt: skip
+    tables = _petab_table(sf, predictions, out)
     pictures = []
     if plots:
         from ..plots import plot_fits
@@ -443,11 +446,20 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
         "format": SUMMARY_FORMAT, "command": "simulate", "study": sf.name, "study_file": _relative(sf.path, out),
         "experiments": len(sf.study.experiments), "parameters": used, "seconds": round(seconds, 3),
         "experiment_status": _status_counts(predictions), "results": _relative(store, out),
-        "plots": [_relative(p, out) for p in pictures],
+        "plots": [_relative(p, out) for p in pictures], **tables,
     }  # fmt: skip
     write_summary(out / "summary.json", summary)
     _check_status(sf, summary["experiment_status"], "", log, summary)
     return summary
+
+
+def _petab_table(sf: Any, predictions: Mapping[str, dict], out: Path) -> dict:
+    """A PEtab problem's simulation table ``<out>/simulation.tsv`` (the measurement table with the
+    simulated values); the summary's entry for it (nothing for a study file)."""
+    if getattr(sf, "petab", None) is None:
+        return {}
+    path = sf.petab.write_simulation_table(out / "simulation.tsv", predictions=predictions)
+    return {"petab_simulation_table": _relative(path, out)}
 
 
 def _fit_parameters(store: Any) -> dict[str, float]:

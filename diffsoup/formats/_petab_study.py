@@ -1,0 +1,543 @@
+"""A PEtab v1 problem as a ``ds.Study``: ``ds.petab.load(yaml_path) -> PetabProblem``.
+
+How PEtab's tables become experiments:
+
+* **Experiments.** The measurements are grouped by ``(simulationConditionId,
+  preequilibrationConditionId)``; each group is one ``ds.Experiment``, named by its simulation
+  condition, or ``"<simulation>@<pre-equilibration>"`` when it has one. Its times are the group's
+  distinct measurement times, each repeated as often as the most replicates any observable has
+  there; ``time = inf`` measurements are the steady state (the last rows).
+* **Observable columns.** One column per observable, shared by every experiment (NaN where an
+  experiment has no value), so that all experiments evaluate the same observables function and
+  are vmapped together. An observable whose rows in one experiment give different
+  ``observableParameters`` (or different ``noiseParameters`` for a noise formula that is not a
+  bare placeholder) gets several columns (*slots*), named ``id``, ``id/1``, ...
+* **Observable and noise parameters.** Placeholders ``observableParameter{n}_{id}`` (and the noise
+  placeholders of noise formulas that are expressions) and the parameter-table parameters a
+  formula names that are not model parameters become ``Experiment.observable_parameters``
+  (numbers or study-parameter names). A noise formula that is a bare placeholder, parameter or
+  number is a per-measurement spread (an object array of numbers and parameter names); any other
+  noise formula is a function ``sigma(t, h, p)`` of the time, the observables and the parameters.
+* **Noise models.** ``normal``/``laplace`` x ``lin``/``log``/``log10``: ``Gaussian``,
+  ``LogNormal(base=e or 10)``, ``Laplace``, ``LogLaplace``, one per column where they differ.
+* **Conditions.** A condition's column that is a model parameter or compartment overrides it (a
+  number: ``conditions``; a parameter id: ``parameters``); a column that is a species (a state)
+  sets its initial value (NaN keeps the model's). Model parameters in the parameter table map to
+  the study parameters of the same name; the others keep their SBML values.
+* **Initial states** are ``y0(p)`` of the SBML model (initial assignments are functions of the
+  parameters), with the condition's species values set over them: a species set in some condition
+  adds two parameters to the model, ``"<species>:initial"`` (the value) and
+  ``"<species>:initial_set"`` (1 where the condition sets it), so every experiment shares one
+  ``y0`` function.
+* **Pre-equilibration.** ``ds.inference.Preequilibration`` with the pre-equilibration condition's
+  values as its conditions and ``y0``; the simulation condition's species values re-initialize
+  those states afterwards (PEtab's semantics).
+* **Events and switches.** The model's time-triggered events are ``ds.Reset``s (their times and
+  assignments functions of the parameters); the times of piecewise switches on time are the
+  experiments' ``discontinuities``. Events together with pre-equilibration are refused.
+* **Parameters.** Each row of the parameter table is a ``ds.inference.Parameter`` (scale, bounds,
+  nominal value, estimate flag).
+
+``PetabProblem.lower()`` gives the negative log-likelihood (``objective="nll"``), equal to
+``-petab.v1.calculate_llh``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ._petab_formulas import Column, compile_formulas
+from ._petab_tables import PetabError, PetabTables, read_tables
+
+DEFAULT_RTOL = 1e-8
+DEFAULT_ATOL = 1e-8
+INITIAL_VALUE, INITIAL_SET = ":initial", ":initial_set"
+_IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _is_identifier(text: str) -> bool:
+    return bool(text) and not text[0].isdigit() and set(text) <= _IDENTIFIER_CHARS
+
+
+class PetabProblem:
+    """A PEtab v1 problem imported as a ``ds.Study``. Made by :func:`load`.
+
+    Attributes:
+        path: the YAML file.
+        name: the problem's name (the YAML file's stem).
+        model: the ``SBMLModel`` (``diffsoup.formats.load_sbml``).
+        study: the ``ds.Study``.
+        solver: the ``SolverOptions`` of :meth:`lower` (rtol = atol = 1e-8, as AMICI's benchmarks).
+        parameter_table: the parameter table (``pandas.DataFrame`` indexed by parameterId).
+        petab_problem: the ``petab.v1.Problem`` (its tables, for ``petab.v1`` functions).
+        tables: the checked rows (:class:`~diffsoup.formats._petab_tables.PetabTables`).
+        columns: the observable columns (names ``id`` or ``id/slot``), in the experiments' order.
+        nominal: ``theta`` at the parameter table's nominal values: the estimated parameters on
+            their scales, in the order of :attr:`theta_names` (``lowered.nominal`` too).
+        theta_names: the estimated parameters, in ``theta`` order.
+        nominal_values: every parameter's nominal value (linear scale), by id.
+        files: every file of the problem (the YAML first).
+    """
+
+    def __init__(self, tables: PetabTables, model: Any, study: Any, columns: tuple, placements: dict, formulas: Any):
+        from ..inference import SolverOptions
+
+        self.tables = tables
+        self.path = tables.yaml_path
+        self.name = tables.yaml_path.stem
+        self.model = model
+        self.study = study
+        self.columns = columns
+        self.formulas = formulas
+        self._placements = placements
+        self.solver = SolverOptions(rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)
+        self.petab_problem = tables.problem
+        self.parameter_table = tables.problem.parameter_df
+        self.files = tables.files
+        estimated = [p for p in study.parameters if p.estimate]
+        self.theta_names = tuple(p.name for p in estimated)
+        self.nominal = np.array([float(p.to_scale(p.nominal)) for p in estimated], dtype=np.float64)
+        self.nominal_values = {p.name: float(p.nominal) for p in study.parameters}
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def lower(self, *, solver: Any = None, **lower_options):
+        """``ds.lower`` of the study: ``lowered.value(theta)`` is the negative log-likelihood.
+
+        Args:
+            solver: a ``ds.inference.SolverOptions`` (default :attr:`solver`).
+            lower_options: passed to ``ds.lower`` (``layout=``, ``chunk_size=``, ``gradient=``, ...).
+        """
+        from ..inference import lower as lower_study
+
+        lower_options.setdefault("objective", "nll")
+        return lower_study(self.study, solver=self.solver if solver is None else solver, **lower_options)
+
+    def inference_problem(self, *, solver: Any = None, values: Mapping[str, float] | None = None):
+        """The ``ds.inference.InferenceProblem`` (negative log-likelihood) of the study."""
+        from ..inference import InferenceProblem
+
+        return InferenceProblem(self.study, objective="nll", solver=self.solver if solver is None else solver,
+                                values=values)  # fmt: skip
+
+    def simulate(self, theta: Any = None, *, solver: Any = None) -> dict:
+        """The experiments' predictions at ``theta`` (default :attr:`nominal`): experiment id ->
+        ``{"times", "states", "observables", "status"}`` (``InferenceProblem.predict``)."""
+        problem = self.inference_problem(solver=solver)
+        return problem.predict(problem.nominal if theta is None else np.asarray(theta, dtype=np.float64))
+
+    def simulation_table(self, theta: Any = None, *, solver: Any = None, predictions: Mapping | None = None):
+        """The PEtab simulation table at ``theta``: the measurement table with its ``measurement``
+        column replaced by ``simulation`` (the observable formula's value, untransformed; NaN where
+        the solve failed).
+
+        Args:
+            theta: the point (scaled; default :attr:`nominal`).
+            solver: ``SolverOptions`` (default :attr:`solver`).
+            predictions: ready predictions (:meth:`simulate`'s result) instead of simulating.
+        """
+        from ._petab_simulation import simulation_table
+
+        if predictions is None:
+            predictions = self.simulate(theta, solver=solver)
+        return simulation_table(self, predictions)
+
+    def write_simulation_table(self, path: Any, theta: Any = None, *, solver: Any = None,
+                               predictions: Mapping | None = None) -> Path:  # fmt: skip
+        """Write :meth:`simulation_table` as a TSV file; returns its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.simulation_table(theta, solver=solver, predictions=predictions).to_csv(path, sep="\t", index=False)
+        return path
+
+    def placement(self, row: int) -> tuple[str, int, int]:
+        """Where measurement ``row`` (0-based, over the concatenated measurement tables) lies:
+        ``(experiment id, row of its data, column)``."""
+        return self._placements[row]
+
+    def study_file(self):
+        """The problem as a ``StudyFile`` (what the ``diffsoup`` command and its workflows run)."""
+        from ._study_file import DEFAULT_FIT, StudyFile
+
+        observed = {e.id: [c for c in self.columns] for e in self.study.experiments}
+        return StudyFile(path=self.path, name=self.name, study=self.study, solver=self.solver, fit=dict(DEFAULT_FIT),
+                         observables=observed, data_files=tuple(p.resolve() for p in self.files[1:]),
+                         description=f"PEtab v1 problem {self.name}", petab=self, format="petab/1")  # fmt: skip
+
+    def __repr__(self) -> str:
+        return (f"PetabProblem({self.name!r}, experiments={len(self.study.experiments)}, "
+                f"measurements={len(self.tables.measurements)}, estimated={len(self.theta_names)})")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def load(yaml_path: Any, *, validate: bool = True, cache: bool = True, cache_dir: Any = None,
+         precision: Any = None, linear_solver: Any = None) -> PetabProblem:  # fmt: skip
+    """Import a PEtab v1 problem.
+
+    Args:
+        yaml_path: the problem's YAML file.
+        validate: run ``petab.v1.lint_problem`` too (about a second).
+        cache: read and write the generated code (model, formulas) in the disk cache.
+        cache_dir: the cache's root (default: ``DIFFSOUP_CACHE_DIR``'s).
+        precision, linear_solver: for ``spec.build`` (defaults: float64, the default solver).
+
+    Returns:
+        A :class:`PetabProblem`.
+
+    Raises:
+        PetabError: (a ``ValueError``) naming the file, row and column of a malformed table or an
+            unsupported feature (objective priors, noise formulas of the states, events with
+            pre-equilibration, SBML features diffsoup does not import, ...).
+        FileNotFoundError: for a missing YAML file.
+    """
+    from ._sbml import load_sbml
+    from ._sbml_error import SBMLError
+
+    tables = read_tables(yaml_path, validate=validate)
+    try:
+        model = load_sbml(tables.sbml_path, cache=cache, cache_dir=cache_dir)
+    except SBMLError as exc:
+        raise PetabError(str(exc), path=tables.sbml_path) from None
+    return _Builder(tables, model, cache=cache, cache_dir=cache_dir, precision=precision,
+                    linear_solver=linear_solver).build()  # fmt: skip
+
+
+class _Builder:
+    """Turns checked tables and an SBML model into a :class:`PetabProblem`."""
+
+    def __init__(self, tables: PetabTables, model: Any, *, cache, cache_dir, precision, linear_solver):
+        self.t, self.model = tables, model
+        self.cache, self.cache_dir = cache, cache_dir
+        self.precision, self.linear_solver = precision, linear_solver
+        self.states = set(model.state_ids)
+        self.model_parameters = set(model.parameter_ids)
+        self.table = tables.parameters
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check_ids(self) -> None:
+        model = self.model
+        entities = self.states | self.model_parameters | set(model.derived_ids) | set(model.reaction_ids)
+        for pid, row in self.table.items():
+            if pid in self.states or pid in model.derived_ids:
+                raise row.origin.error(f"{pid!r} is a state or assignment-rule target of the model, not a parameter; "
+                                       "set a species' initial value in the condition table", "parameterId")  # fmt: skip
+        init_states = []
+        for cid, cond in self.t.conditions.items():
+            for column, value in cond.values.items():
+                if column in self.states:
+                    if column not in init_states and not (isinstance(value, float) and math.isnan(value)):
+                        init_states.append(column)
+                elif column in self.model_parameters:
+                    if isinstance(value, float) and math.isnan(value):
+                        raise cond.origin.error(f"condition {cid!r} gives no value for model parameter {column!r}",
+                                                column)  # fmt: skip
+                elif column in entities:
+                    raise cond.origin.error(f"{column!r} is an assignment-rule target or reaction of the model; a "
+                                            "condition can set parameters, compartments and species", column)  # fmt: skip
+                else:
+                    raise cond.origin.error(f"{column!r} is not a parameter, compartment or species of the model",
+                                            column)  # fmt: skip
+                if column in self.table:
+                    raise cond.origin.error(f"{column!r} is also in the parameter table; a condition column may not be",
+                                            column)  # fmt: skip
+                if isinstance(value, str) and value not in self.table:
+                    raise cond.origin.error(f"{value!r} is not a parameter of the parameter table", column)
+        self.init_states = tuple(s for s in model.state_ids if s in init_states)
+        events = model.events
+        if events and any(m.preequilibration for m in self.t.measurements):
+            raise PetabError(f"the model has time-triggered events ({', '.join(e.id for e in events)}) and the "
+                             "problem pre-equilibrates: events with pre-equilibration are not supported",
+                             path=self.t.sbml_path)  # fmt: skip
+
+    # -- layout ---------------------------------------------------------------------------------
+    def array_noise(self, obs) -> bool:
+        text = obs.noise_formula.strip()
+        try:
+            float(text)
+            return True
+        except ValueError:
+            pass
+        if not _is_identifier(text):
+            return False
+        if text.startswith("noiseParameter") and text.endswith(f"_{obs.id}"):
+            return True
+        return text in self.table and text not in self.model_parameters
+
+    def layout(self):
+        """Experiments (key -> rows), columns, and each experiment's slot of each observable row."""
+        groups: dict[tuple, list] = {}
+        for m in self.t.measurements:
+            groups.setdefault((m.condition, m.preequilibration), []).append(m)
+        array = {oid: self.array_noise(o) for oid, o in self.t.observables.items()}
+        slots: dict[tuple, dict] = {}  # experiment key -> observable -> slot key -> slot index
+        n_slots: dict[str, int] = {}
+        for key, rows in groups.items():
+            per = slots.setdefault(key, {})
+            for m in rows:
+                sk = (m.observable_parameters, () if array[m.observable] else m.noise_parameters)
+                own = per.setdefault(m.observable, {})
+                own.setdefault(sk, len(own))
+                n_slots[m.observable] = max(n_slots.get(m.observable, 0), len(own))
+        columns = []
+        for oid, obs in self.t.observables.items():
+            for s in range(n_slots.get(oid, 0)):
+                names = [f"observableParameter{n}_{oid}" for n in range(1, obs.placeholders("observable") + 1)]
+                if not array[oid]:
+                    names += [f"noiseParameter{n}_{oid}" for n in range(1, obs.placeholders("noise") + 1)]
+                renames = tuple((n, n if s == 0 else f"{n}/{s}") for n in names)
+                columns.append(Column(obs, s, renames, array[oid]))
+        return groups, tuple(columns), slots, array
+
+    # -- the model ------------------------------------------------------------------------------
+    def problem(self):
+        from ..model import ProblemSpec
+
+        spec = self.model.spec
+        if self.init_states:
+            extra = {}
+            for s in self.init_states:
+                extra[s + INITIAL_VALUE] = 0.0
+                extra[s + INITIAL_SET] = 0.0
+            clash = sorted(set(extra) & self.model_parameters)
+            if clash:  # cannot happen for SBML ids (no ':'), but a clash would be silent
+                raise PetabError(f"model parameters {clash} clash with diffsoup's initial-value parameters",
+                                 path=self.t.sbml_path)  # fmt: skip
+            defaults = spec.parameter_defaults
+            params = (dict(zip(spec.parameter_names, defaults.tolist())) if defaults is not None
+                      else list(spec.parameter_names))  # fmt: skip
+            params = {**params, **extra} if isinstance(params, dict) else params + list(extra)
+            spec = ProblemSpec(spec.rhs, states=spec.state_names, parameters=params, y0=spec.y0, name=spec.name,
+                               identity=f"{spec.identity}:petab-initial:{','.join(self.init_states)}")  # fmt: skip
+        options = {}
+        if self.precision is not None:
+            options["precision"] = self.precision
+        if self.linear_solver is not None:
+            options["linear_solver"] = self.linear_solver
+        try:
+            return spec.build(**options)
+        except (ValueError, TypeError) as exc:
+            raise PetabError(f"the model does not build: {exc}", path=self.t.sbml_path) from None
+
+    def functions(self, formulas):
+        """The experiments' shared callables: observables, sigma, y0, discontinuities, resets."""
+        import jax
+        import jax.numpy as jnp
+
+        model = self.model
+        pids, q_names = model.parameter_ids, formulas.q_names
+        init_states = self.init_states
+        state_index = np.array([model.state_ids.index(s) for s in init_states], dtype=np.int64)
+
+        def pvec(p, like):
+            if not pids:
+                return jnp.zeros((0,), jnp.result_type(like))
+            return jnp.stack([jnp.asarray(p[k]) for k in pids])
+
+        def qvec(p, like):
+            if not q_names:
+                return jnp.zeros((0,), jnp.result_type(like))
+            return jnp.stack([jnp.asarray(p[k]) for k in q_names])
+
+        def observables(t, y, p):
+            return formulas.observables(t, y, pvec(p, y), qvec(p, y))
+
+        def sigma(t, h, p):
+            return formulas.noise(t, h, pvec(p, h), qvec(p, h))
+
+        def y0(p):
+            pv = pvec(p, 0.0)
+            base = model.y0(pv)
+            if not init_states:
+                return base
+            values = jnp.stack([jnp.asarray(p[s + INITIAL_VALUE]) for s in init_states]).astype(base.dtype)
+            flags = jnp.stack([jnp.asarray(p[s + INITIAL_SET]) for s in init_states])
+            return base.at[state_index].set(jnp.where(flags > 0.5, values, base[state_index]))
+
+        discontinuities = ()
+        zeros = jnp.zeros((len(pids),), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        if jax.eval_shape(model.discontinuities, zeros).shape[0]:
+            def discontinuities(p):
+                return model.discontinuities(pvec(p, 0.0))
+
+        resets = []
+        if model.events:
+            from ..integrate import Reset
+        for event in model.events:
+            if event.time_parameters:
+                def time(p, event=event):
+                    return event.time(pvec(p, 0.0))
+            else:
+                time = float(event.time(np.zeros(len(pids))))
+                if time <= 0.0:
+                    if event.initial_value:
+                        continue  # its trigger holds from the start: it never turns true, never fires
+                    raise PetabError(f"SBML event {event.id!r} fires at the start (time {time} <= 0 with "
+                                     "initialValue=false); not supported", path=self.t.sbml_path)  # fmt: skip
+
+            def apply(t, y, p, event=event):
+                return event.reset(t, y, pvec(p, y))
+
+            resets.append(Reset(time, apply))
+        return observables, sigma, y0, discontinuities, tuple(resets)
+
+    # -- experiments ----------------------------------------------------------------------------
+    def build(self) -> PetabProblem:
+        from ..inference import Experiment, Parameter, Preequilibration, Study
+
+        self.check_ids()
+        groups, columns, slots, array = self.layout()
+        table_parameters = [p for p in self.table if p not in self.model_parameters]
+        formulas = compile_formulas(self.model, columns, table_parameters, cache=self.cache, cache_dir=self.cache_dir)
+        problem = self.problem()
+        observables, sigma, y0, discontinuities, resets = self.functions(formulas)
+        column_of = {(c.observable.id, c.slot): j for j, c in enumerate(columns)}
+        noise_models = [self.noise_class(c) for c in columns]
+
+        parameters = []
+        for pid, row in self.table.items():
+            lower, upper = row.lower, row.upper
+            if not row.estimate and not (lower <= row.nominal <= upper and (row.scale == "lin" or lower > 0)):
+                lower = upper = row.nominal  # a fixed parameter's bounds are not used
+            try:
+                parameters.append(Parameter(pid, nominal=row.nominal, lower=lower, upper=upper, scale=row.scale,
+                                            estimate=row.estimate))  # fmt: skip
+            except ValueError as exc:
+                raise row.origin.error(str(exc)) from None
+
+        experiments, placements = [], {}
+        for (cid, pre), rows in groups.items():
+            eid = cid if pre is None else f"{cid}@{pre}"
+            slot_of = slots[(cid, pre)]
+            finite = sorted({m.time for m in rows if math.isfinite(m.time)})
+            times_sorted = finite + ([math.inf] if any(math.isinf(m.time) for m in rows) else [])
+            counts: dict[tuple, int] = {}
+            cell_of_row = {}
+            for m in rows:
+                sk = (m.observable_parameters, () if array[m.observable] else m.noise_parameters)
+                j = column_of[(m.observable, slot_of[m.observable][sk])]
+                r = counts.get((m.time, j), 0)
+                counts[(m.time, j)] = r + 1
+                cell_of_row[m.index] = (m.time, r, j)
+            replicates = {t: max(c for (tt, _), c in counts.items() if tt == t) for t in times_sorted}
+            first_row = {}
+            times = []
+            for t in times_sorted:
+                first_row[t] = len(times)
+                times.extend([t] * replicates[t])
+            m_rows, k = len(times), len(columns)
+            data = np.full((m_rows, k), np.nan)
+            cells = np.full((m_rows, k), 1.0, dtype=object)
+            for m in rows:
+                t, r, j = cell_of_row[m.index]
+                i = first_row[t] + r
+                data[i, j] = m.value
+                placements[m.index] = (eid, i, j)
+                col = columns[j]
+                if col.array_noise:
+                    cells[i, j] = self.spread_cell(m, col)
+                if col.observable.transformation != "lin" and m.value <= 0:
+                    raise m.origin.error(f"{m.value} is not positive; the observable {m.observable!r} is "
+                                         f"{col.observable.transformation}-transformed", "measurement")  # fmt: skip
+            obs_params: dict[str, Any] = {name: 1.0 for name in formulas.q_names}
+            for name in formulas.q_names:
+                if name in self.table:
+                    obs_params[name] = name
+            for oid, own in slot_of.items():
+                for (op, npars), s in own.items():
+                    col = columns[column_of[(oid, s)]]
+                    renames = dict(col.renames)
+                    for n, v in enumerate(op, start=1):
+                        q = renames[f"observableParameter{n}_{oid}"]
+                        if q in obs_params:
+                            obs_params[q] = v
+                    for n, v in enumerate(npars, start=1):
+                        q = renames[f"noiseParameter{n}_{oid}"]
+                        if q in obs_params:
+                            obs_params[q] = v
+            noise = self.noise(noise_models, columns, cells, sigma)
+            conditions, mapping, initial = self.condition_values(cid, main=pre is None)
+            options: dict[str, Any] = {}
+            if pre is None:
+                options["y0"] = y0
+            else:
+                pre_conditions, pre_mapping, _ = self.condition_values(pre, main=False)
+                pre_conditions.update(pre_mapping)
+                options["preequilibration"] = Preequilibration(conditions=pre_conditions, y0=y0)
+                options["y0"] = initial or None
+            try:
+                experiments.append(Experiment(
+                    eid, np.asarray(times), data, observables=observables, noise=noise, conditions=conditions,
+                    parameters=mapping, observable_parameters=obs_params, resets=resets,
+                    discontinuities=discontinuities, **options))  # fmt: skip
+            except (ValueError, TypeError) as exc:
+                raise rows[0].origin.error(f"experiment {eid!r} (the rows of simulation condition {cid!r}"
+                                           f"{'' if pre is None else f' after {pre!r}'}): {exc}") from None  # fmt: skip
+        try:
+            study = Study(problem, experiments, parameters)
+        except ValueError as exc:
+            raise PetabError(f"the problem does not make a study: {exc}", path=self.t.yaml_path) from None
+        return PetabProblem(self.t, self.model, study, tuple(c.name for c in columns), placements, formulas)
+
+    def spread_cell(self, m, col) -> float | str:
+        text = col.observable.noise_formula.strip()
+        try:
+            value: float | str = float(text)
+        except ValueError:
+            value = m.noise_parameters[0] if text.startswith("noiseParameter") and text.endswith(f"_{m.observable}") \
+                else text  # fmt: skip
+        if isinstance(value, float) and not (value > 0 and math.isfinite(value)):
+            raise m.origin.error(f"the noise of {m.observable!r} is {value}; it must be positive and finite",
+                                 "noiseParameters")  # fmt: skip
+        if isinstance(value, str) and value not in self.table:
+            raise m.origin.error(f"{value!r} is not a parameter of the parameter table", "noiseParameters")
+        return value
+
+    @staticmethod
+    def noise_class(col):
+        from ..inference import Gaussian, Laplace, LogLaplace, LogNormal
+
+        obs = col.observable
+        base = {"lin": None, "log": math.e, "log10": 10.0}[obs.transformation]
+        if obs.distribution == "normal":
+            return (Gaussian, {}) if base is None else (LogNormal, {"base": base})
+        return (Laplace, {}) if base is None else (LogLaplace, {"base": base})
+
+    @staticmethod
+    def noise(models, columns, cells, sigma):
+        kinds = {(cls, tuple(sorted(kw.items()))) for cls, kw in models}
+        arrays = {c.array_noise for c in columns}
+        if len(kinds) == 1 and len(arrays) == 1:
+            cls, kw = models[0]
+            return cls(cells if columns[0].array_noise else sigma, **kw)
+        return [cls(cells[:, j] if c.array_noise else sigma, **kw) for j, ((cls, kw), c) in enumerate(zip(models, columns))]
+
+    def condition_values(self, cid: str, *, main: bool):
+        """``(conditions, parameters, initial)`` of a condition: model parameter -> number,
+        model parameter -> study parameter, state -> number or study parameter (NaN-free)."""
+        conditions: dict[str, float] = {}
+        mapping: dict[str, str] = {}
+        initial: dict[str, Any] = {}
+        for column, value in self.t.conditions[cid].values.items():
+            if column in self.states:
+                if not (isinstance(value, float) and math.isnan(value)):
+                    initial[column] = value
+            elif isinstance(value, str):
+                mapping[column] = value
+            else:
+                conditions[column] = float(value)
+        for s in self.init_states:
+            if s in initial:
+                conditions[s + INITIAL_SET] = 1.0
+                if isinstance(initial[s], str):
+                    mapping[s + INITIAL_VALUE] = initial[s]
+                else:
+                    conditions[s + INITIAL_VALUE] = float(initial[s])
+            else:
+                conditions[s + INITIAL_SET] = 0.0
+                conditions[s + INITIAL_VALUE] = 0.0
+        return conditions, mapping, initial

@@ -1,0 +1,406 @@
+"""The per-experiment term of an objective: solve, observe, compare with the data under the noise model.
+
+A :class:`Group` is the static description of experiments that are vmapped together (what their
+compiled program depends on: observables, noise kinds per column, which numbers come from
+parameters, callables, counts); :class:`LaneTerms` holds the JAX code of one experiment's term,
+which reads only its static fields, the :class:`TermOperands` and the packed arrays of the
+experiment (``a``, one lane of :meth:`InferenceProblem.pack`). Numbers (fixed values, per-cell
+spreads, times) are in the arrays, so other numbers compile nothing.
+
+Per measured value with observable ``h``, datum ``d``, spread ``s`` (``sigma`` or ``scale``) and the
+comparison scale ``T`` (identity, or ``log_b``), ``z = (T(h) - T(d)) / s``:
+
+- normal: ``nll = 0.5 z^2 + log s + 0.5 log 2 pi (+ log(d ln b))``, residual ``z``;
+- Laplace: ``nll = |z| + log 2 s (+ log(d ln b))``, residual ``sqrt(2 |z|)`` (not smooth at 0).
+
+The constants (and ``log s`` of known spreads) are summed on the host (``const``); a spread that
+comes from a parameter or a function adds ``log s`` in the program and, among the residuals, one
+more per measured value, ``sqrt(2 log s + K)``, so that ``value = scale * ||r||^2 + offset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._noise import LAPLACE
+
+# The fixed spreads' mode, one named spread per experiment (``noise.sigma="name"``), or per cell.
+SIGMA_FIXED, SIGMA_ENTRY, SIGMA_CELLS = "fixed", "entry", "cells"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preequilibrated:
+    """The static part of a group's pre-equilibration: its ``y0`` callable (or None), whether its
+    ``y0`` names estimated entries, and the ``SteadyState`` test."""
+
+    y0_function: Any
+    y0_entries: bool
+    steady_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Experiments vmapped together: everything their compiled term depends on besides numbers.
+
+    Attributes:
+        observables: the observables function (None: every state).
+        noise: per observable column ``(distribution, log base or None)``.
+        sigma: how spreads come from parameters: ``"fixed"`` (none do), ``"entry"`` (one study
+            entry for the whole experiment) or ``"cells"`` (an entry per cell where named).
+        k: observables; n_times: measurement times (padded); members: study indices.
+        windows, window_points, n_states: multiple shooting (None, 0, 0 for single shooting).
+        observables_take_time: ``observables(t, y, p)`` rather than ``observables(y, p)``.
+        observable_parameters: the names added to ``p`` for the observables and spreads.
+        sigma_functions: per column the spread callable (None: not a callable); ``()`` if none.
+        y0_function: the ``y0(p)`` callable, or None; y0_entries: ``y0`` names estimated entries.
+        preequilibration: a :class:`Preequilibrated`, or None.
+        resets: per reset ``(time callable or None, apply)``.
+        discontinuities: their count (numbers in the arrays) or the callable.
+        steady_state: the ``SteadyState`` test of ``+inf`` times, or None when there are none.
+    """
+
+    observables: Any
+    noise: tuple
+    sigma: str
+    k: int
+    n_times: int
+    members: tuple  # indices into study.experiments
+    windows: int | None = None  # multiple shooting: windows per experiment (None: single shooting)
+    window_points: int = 0  # most output times of a window (its measurements and its end)
+    n_states: int = 0
+    observables_take_time: bool = False
+    observable_parameters: tuple = ()
+    sigma_functions: tuple = ()
+    y0_function: Any = None
+    y0_entries: bool = False
+    preequilibration: Preequilibrated | None = None
+    resets: tuple = ()
+    discontinuities: Any = 0
+    steady_state: Any = None
+
+    @property
+    def dynamic_sigma(self) -> bool:
+        """Some spreads come from parameters or functions (an ``nll`` term and residuals of their own)."""
+        return self.sigma != SIGMA_FIXED or any(f is not None for f in self.sigma_functions)
+
+    @property
+    def estimated_sigma(self) -> bool:
+        return self.dynamic_sigma
+
+    @property
+    def lognormal(self) -> bool:
+        """Every column is compared on a log scale."""
+        return all(base is not None for _, base in self.noise)
+
+    @property
+    def n_residuals(self) -> int:
+        """Residuals per experiment (data, estimated-sigma terms, continuity of the windows)."""
+        cont = (self.windows - 1) * self.n_states if self.windows else 0
+        return self.n_times * self.k * (2 if self.dynamic_sigma else 1) + cont
+
+
+class TermOperands(NamedTuple):
+    """The numbers of the per-experiment terms that are operands of the compiled chunk programs
+    (numpy on the host, traced inside a program): another tolerance, step budget or fixed
+    parameter value runs the same program with other arguments.
+
+    Attributes:
+        values: linear values of every study entry ``(n_entries,)`` (the fixed ones and the nominal
+            point; the estimated entries are overwritten from ``theta``).
+        sigma_shift: the ``K`` of the estimated-sigma residuals.
+        rtol, atol, max_steps: the solves' ``SolverOptions`` (``rtol`` after
+            :class:`~diffsoup.integrate.ToleranceWarning`'s floor).
+    """
+
+    values: Any
+    sigma_shift: Any
+    rtol: Any
+    atol: Any
+    max_steps: Any
+
+
+def full_vector(estimated, scales, values, theta):
+    """Every study entry's linear value, a JAX vector: ``values`` with the estimated entries (study
+    indices ``estimated``, on ``scales``) taken from ``theta``."""
+    import jax.numpy as jnp
+
+    theta = jnp.asarray(theta)
+    full = jnp.asarray(values).astype(theta.dtype)
+    est = np.asarray(estimated, dtype=np.int64)
+    for s, fn in (("lin", lambda x: x), ("log", jnp.exp), ("log10", lambda x: 10.0**x)):
+        pos = np.array([j for j, sc in enumerate(scales) if sc == s], dtype=np.int64)
+        if pos.size:
+            full = full.at[est[pos]].set(fn(theta[pos]))
+    return full
+
+
+def _gather(full, entry, fixed):
+    """``full[entry]`` where ``entry >= 0``, else ``fixed``."""
+    import jax.numpy as jnp
+
+    return jnp.where(entry >= 0, full[jnp.maximum(entry, 0)], fixed)
+
+
+def _log_scale(x, base, *, clip: bool):
+    """``log_base(x)`` (``clip``: of ``max(x, tiny)``, finite for a non-positive observable)."""
+    import jax.numpy as jnp
+
+    if base is None:
+        return x
+    lx = jnp.log(jnp.maximum(x, jnp.finfo(x.dtype).tiny)) if clip else jnp.log(x)
+    return lx if base == math.e else lx / math.log(base)
+
+
+def _sqrt0(x):
+    """``sqrt(x)`` for ``x >= 0`` with derivative 0 (not inf) at 0."""
+    import jax.numpy as jnp
+
+    pos = x > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneTerms:
+    """The static part of one group's per-experiment term: everything a chunk program is
+    compiled from besides its kind, lane count and mesh (hashable; the problem and the
+    callables compare by identity).
+
+    The JAX code of the terms reads only these fields and the :class:`TermOperands` passed to
+    it, so equal terms make equal programs: that is what lets ``ds.lower`` reuse a compiled
+    program for another inference problem of the same study (other tolerances, step budget or
+    fixed values).
+
+    Attributes:
+        problem: the built ``ds.Problem``.
+        group: the :class:`Group` (observables, noise, shapes).
+        scale: the objective's ``scale`` (0.5 for ``"nll"``, 1 for ``"chi2"``).
+        estimated: study entry indices of the estimated parameters, in ``theta`` order.
+        scales: their scales (``"lin"``, ``"log"``, ``"log10"``).
+        checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
+    """
+
+    problem: Any
+    group: Group
+    scale: float
+    estimated: tuple
+    scales: tuple
+    checkpoints: int
+
+    def full_vector(self, theta, ops: TermOperands):
+        """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""
+        return full_vector(self.estimated, self.scales, ops.values, theta)
+
+    # -- parameters and initial state ------------------------------------------------------------
+    def model_parameters(self, full, a: dict):
+        """The experiment's model parameter vector (``parameter_names`` order)."""
+        return _gather(full, a["p_entry"], a["p_fixed"])
+
+    def parameter_dict(self, full, a: dict, pv=None) -> dict:
+        """Model and observable parameters by name (the ``p`` of observables and spreads)."""
+        pdict = self.problem.params_dict(self.model_parameters(full, a) if pv is None else pv)
+        if self.group.observable_parameters:
+            ov = _gather(full, a["op_entry"], a["op_fixed"])
+            pdict.update({name: ov[i] for i, name in enumerate(self.group.observable_parameters)})
+        return pdict
+
+    def _initial(self, full, a: dict, pv, function, entries: bool, prefix: str):
+        import jax.numpy as jnp
+
+        dtype = self.problem.dtype
+        if function is not None:
+            return jnp.asarray(function(self.problem.params_dict(pv))).astype(dtype)
+        if entries:
+            return _gather(full, a[prefix + "y0_entry"], a[prefix + "y0"])
+        return a[prefix + "y0"]
+
+    def initial_state(self, ops: TermOperands, full, a: dict, pv, adjoint):
+        """The state the experiment's solve starts from: its ``y0``, or (pre-equilibration) the
+        steady state under the pre-equilibration's parameters with ``y0``'s states re-set;
+        returns ``(y0, status, steps)`` (status and steps of the pre-equilibration, else 0)."""
+        import jax.numpy as jnp
+
+        group = self.group
+        pre = group.preequilibration
+        y0 = self._initial(full, a, pv, group.y0_function, group.y0_entries, "")
+        if pre is None:
+            return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+        from ..integrate import SteadyState, simulate
+
+        pre_pv = jnp.where(a["pre_keep"], pv, _gather(full, a["pre_entry"], a["pre_fixed"]))
+        start = self._initial(full, a, pre_pv, pre.y0_function, pre.y0_entries, "pre_")
+        sol = simulate(self.problem, start, jnp.full((1,), jnp.inf, self.problem.dtype), pre_pv, t0=a["t0"],
+                       rtol=ops.rtol, atol=ops.atol, max_steps=ops.max_steps, adjoint=adjoint, throw=False,
+                       steady_state=pre.steady_state if pre.steady_state is not None else SteadyState())  # fmt: skip
+        y_main = jnp.where(a["y0_set"], y0, sol.ys[-1])
+        return y_main, sol.status, sol.stats["n_steps"]
+
+    def _events(self, full, a: dict, pv) -> dict:
+        """The keyword arguments of ``simulate`` for resets, discontinuities and ``+inf`` times
+        (none for a group without them, so that its solve is the plain one)."""
+        import jax.numpy as jnp
+
+        group = self.group
+        kw: dict = {}
+        if not (group.resets or group.discontinuities or group.steady_state is not None):
+            return kw
+        from ..integrate import Reset
+
+        pdict = self.problem.params_dict(pv)
+        if group.resets:
+            resets = []
+            for i, (time_fn, apply) in enumerate(group.resets):
+                t = jnp.reshape(time_fn(pdict), ()) if time_fn is not None else a["reset_times"][i]
+                resets.append(Reset(t, apply))
+            kw["resets"] = tuple(resets)
+        if callable(group.discontinuities):
+            kw["discontinuities"] = jnp.reshape(group.discontinuities(pdict), (-1,))
+        elif group.discontinuities:
+            kw["discontinuities"] = a["discs"]
+        if group.steady_state is not None:
+            kw["steady_state"] = group.steady_state
+        return kw
+
+    def states(self, ops: TermOperands, full, a: dict, theta=None, *, forward: bool = True):
+        """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
+        (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
+        import jax
+        import jax.numpy as jnp
+
+        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
+
+        problem, group = self.problem, self.group
+        pv = self.model_parameters(full, a)
+        adjoint = ForwardMode() if forward else CheckpointAdjoint(self.checkpoints)
+        y0, pre_status, pre_steps = self.initial_state(ops, full, a, pv, adjoint)
+        events = self._events(full, a, pv)
+
+        def solve(y0, times, t0):
+            return simulate(problem, y0, times, pv, t0=t0, rtol=ops.rtol, atol=ops.atol,
+                            max_steps=ops.max_steps, adjoint=adjoint, throw=False, **events)  # fmt: skip
+
+        if not group.windows:
+            sol = solve(y0, a["times"], a["t0"])
+            if group.preequilibration is None:
+                return sol.ys, sol.status, sol.stats["n_steps"], None
+            status = jnp.where(pre_status != 0, pre_status, sol.status)
+            return sol.ys, status, sol.stats["n_steps"] + pre_steps, None
+        if theta is None:
+            raise ValueError("InferenceProblem.states: a multiple-shooting group needs theta (the window starts).")
+        starts = jnp.asarray(theta)[a["win_idx"]]
+        y0s = jnp.concatenate([y0[None].astype(starts.dtype), starts], axis=0)
+        sol = jax.vmap(solve)(y0s, a["win_times"], a["win_t0"])
+        ys = sol.ys[a["win_of"], a["win_pos"]]
+        cont = (sol.ys[:-1, -1] - starts) * a["cont_w"][None, :]
+        return ys, jnp.max(sol.status), jnp.sum(sol.stats["n_steps"]), cont
+
+    # -- observation and noise -------------------------------------------------------------------
+    def observe(self, full, a: dict, ys):
+        """The observables ``(m, k)`` of one experiment's states ``ys`` at its times ``a["times"]``
+        (the states themselves when the group observes every state)."""
+        import jax
+        import jax.numpy as jnp
+
+        group = self.group
+        if group.observables is None:
+            return ys
+        pdict = self.parameter_dict(full, a)
+        if group.observables_take_time:
+            return jax.vmap(lambda t, y: jnp.asarray(group.observables(t, y, pdict), ys.dtype))(a["times"], ys)
+        return jax.vmap(lambda y: jnp.asarray(group.observables(y, pdict), ys.dtype))(ys)
+
+    def spreads(self, full, a: dict, h):
+        """Every value's ``sigma`` (or Laplace ``scale``) ``(m, k)``, and the cells whose spread
+        comes from a parameter or a function (None when none does)."""
+        import jax
+        import jax.numpy as jnp
+
+        group = self.group
+        mask = a["mask"]
+        dynamic = None
+        if group.sigma == SIGMA_ENTRY:
+            sigma = jnp.broadcast_to(full[a["sigma_entry"]], mask.shape)
+            dynamic = jnp.ones(mask.shape, bool)
+        elif group.sigma == SIGMA_CELLS:
+            sigma = _gather(full, a["sigma_entries"], a["sigma"])
+            dynamic = a["sigma_entries"] >= 0
+        else:
+            sigma = a["sigma"]
+        functions = [f for f in dict.fromkeys(group.sigma_functions) if f is not None]
+        if functions:
+            pdict = self.parameter_dict(full, a)
+            for fn in functions:
+                cols = np.array([g is fn for g in group.sigma_functions])
+                out = jax.vmap(lambda t, hr, fn=fn: jnp.asarray(fn(t, hr, pdict), h.dtype))(a["times"], h)
+                out = jnp.broadcast_to(out.reshape(out.shape[0], -1), h.shape)
+                sigma = jnp.where(cols[None, :], out, sigma)
+                on = jnp.broadcast_to(jnp.asarray(cols)[None, :], mask.shape)
+                dynamic = on if dynamic is None else dynamic | on
+        return sigma, dynamic
+
+    def _compared(self, h, data):
+        """Observables and data on the columns' comparison scales (identity or ``log_b``)."""
+        import jax.numpy as jnp
+
+        bases = [base for _, base in self.group.noise]
+        distinct = list(dict.fromkeys(bases))
+        if len(distinct) == 1:
+            b = distinct[0]
+            return _log_scale(h, b, clip=True), _log_scale(data, b, clip=False)
+        pred, meas = h, data
+        for b in distinct:
+            if b is None:
+                continue
+            cols = np.array([x == b for x in bases])[None, :]
+            pred = jnp.where(cols, _log_scale(h, b, clip=True), pred)
+            meas = jnp.where(cols, _log_scale(data, b, clip=True), meas)
+        return pred, meas
+
+    def lane(self, ops: TermOperands, full, a: dict, *, forward: bool, residuals: bool, theta=None):
+        """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+        import jax.numpy as jnp
+
+        group = self.group
+        ys, status, n_steps, cont = self.states(ops, full, a, theta, forward=forward)
+        h = self.observe(full, a, ys)
+        mask = a["mask"]
+        sigma, dynamic = self.spreads(full, a, h)
+        pred, meas = self._compared(h, a["data"])
+        laplace = np.array([dist == LAPLACE for dist, _ in group.noise])
+        z = (pred - meas) / sigma
+        if laplace.any():
+            lap = jnp.broadcast_to(jnp.asarray(laplace)[None, :], mask.shape)
+            r = jnp.where(mask, jnp.where(lap, _sqrt0(2.0 * jnp.abs(z)), z), 0.0)
+        else:
+            r = jnp.where(mask, z, 0.0)
+        ok = status == 0
+        bad = jnp.asarray(jnp.nan, r.dtype)
+        # A group of one named spread per experiment keeps the mask alone (the cells are all named).
+        own = mask if group.sigma == SIGMA_ENTRY and not group.sigma_functions else (
+            None if dynamic is None else mask & dynamic)  # fmt: skip
+        if residuals:
+            parts = [r.reshape(-1)]
+            if group.dynamic_sigma:
+                safe = jnp.where(own, 2.0 * jnp.log(sigma) + ops.sigma_shift, 1.0)
+                if group.sigma_functions:  # no lower bound is known for a function's spread
+                    safe = jnp.maximum(safe, 0.0)
+                parts.append(jnp.where(own, jnp.sqrt(safe), 0.0).reshape(-1))
+            if cont is not None:
+                parts.append(cont.reshape(-1).astype(r.dtype))
+            out = jnp.concatenate(parts)
+            out = jnp.where(a["valid"], jnp.where(ok, out, bad), 0.0)
+        else:
+            if laplace.any():
+                normal = jnp.where(lap, 0.0, r)
+                v = self.scale * jnp.sum(normal * normal) + jnp.sum(jnp.where(mask & lap, jnp.abs(z), 0.0)) + a["const"]
+            else:
+                v = self.scale * jnp.sum(r * r) + a["const"]
+            if group.dynamic_sigma:
+                v = v + jnp.sum(jnp.where(own, jnp.log(sigma), 0.0))
+            if cont is not None:
+                v = v + self.scale * jnp.sum(cont * cont)
+            out = jnp.where(a["valid"], jnp.where(ok, v, bad), 0.0)
+        return out, status, n_steps
