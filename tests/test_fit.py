@@ -8,7 +8,7 @@ import pytest
 import diffsoup as ds
 from diffsoup.examples import mass_action_network
 from diffsoup.inference import Gaussian, Parameter, SolverOptions, fit
-from diffsoup.inference._fit import latin_hypercube
+from diffsoup.inference._starts import latin_hypercube
 
 
 def _synthetic(problem, conditions, times, truth, sigma, rng, **exp_kwargs):
@@ -133,3 +133,84 @@ def test_fit_rejects_bad_options():
         fit(low, starts=np.zeros((2, 3)))
     with pytest.raises(ValueError, match="outside the bounds"):
         fit(low, starts=np.array([[5.0, 0.0]]))
+
+
+# -- methods, results, campaigns of starts, PEtab parameter tables --------------------------------
+
+
+def test_methods_by_name_map_the_tolerances_onto_their_options():
+    from diffsoup.inference import LBFGSB, TRF, Fides
+    from diffsoup.inference._fit import optimizer_of
+
+    assert optimizer_of("fides", ftol=1e-9, gtol=1e-7, xtol=1e-6, max_nfev=50) == Fides(
+        frtol=1e-9, gatol=1e-7, xtol=1e-6, max_evaluations=50)  # fmt: skip
+    assert optimizer_of("trf", ftol=1e-5) == TRF(ftol=1e-5)
+    assert optimizer_of("lbfgsb", xtol=1e-3, max_nfev=9) == LBFGSB(max_evaluations=9)  # no xtol in L-BFGS-B
+    assert optimizer_of(Fides(hessian="sr1"), max_nfev=7) == Fides(hessian="sr1", max_evaluations=7)
+
+
+def test_waterfall_and_converged_starts():
+    from fit_helpers import SOLVER, decay_study, reference_fit
+
+    low = ds.lower(decay_study(5), solver=SOLVER)
+    _, _, nll = reference_fit(5)
+    bad = np.array([[1.9, 1.9]])  # A = k = 80: stopped after one iteration, far from the optimum
+    result = fit(low, starts=np.vstack([bad, [[0.3, -0.3]]]), max_nfev=1)
+    assert result.waterfall.tolist() == sorted(s.objective for s in result.starts)
+    converged = result.converged(1e-3)
+    assert result.best == 1 and converged[1] and not converged[0]
+    assert result.starts[0].objective > result.objective + 100
+    full = fit(low, starts=3, seed=4)
+    assert full.converged(1e-6, best=nll).all()
+    assert not full.converged(1e-6, best=nll - 1.0).any()
+
+
+def test_failure_residual_is_deprecated():
+    from fit_helpers import SOLVER, decay_study
+
+    low = ds.lower(decay_study(6), solver=SOLVER)
+    with pytest.warns(DeprecationWarning, match="failure_residual"):
+        fit(low, starts=1, failure_residual=1e4)
+
+
+def test_multistart_campaign_resumes_from_its_ledger(tmp_path):
+    from fit_helpers import SOLVER, decay_study, reference_fit
+
+    low = ds.lower(decay_study(7), solver=SOLVER)
+    ledger = tmp_path / "starts.json"
+    first = ds.inference.multistart(low, starts=3, seed=1, ledger_path=ledger)
+    direct = fit(low, starts=3, seed=1)
+    np.testing.assert_array_equal([s.x0 for s in first.starts], [s.x0 for s in direct.starts])
+    assert first.objective == pytest.approx(reference_fit(7)[2], abs=1e-7)
+    calls = []
+    original = low.evaluate
+    low.evaluate = lambda mode, theta: calls.append(mode) or original(mode, theta)
+    try:
+        again = ds.inference.multistart(low, starts=3, seed=1, ledger_path=ledger)
+    finally:
+        del low.evaluate
+    assert calls == ["gauss_newton"]  # the standard errors at the best start; no start ran again
+    np.testing.assert_array_equal(again.theta, first.theta)
+
+
+def test_parameter_table_in_petab_form(tmp_path):
+    import pandas as pd
+    from fit_helpers import SOLVER, decay_study
+
+    low = ds.lower(decay_study(8, estimate_sigma=True), solver=SOLVER, parameters=["A", "k"], values={"sigma": 0.05})
+    result = fit(low, starts=1)
+    path = ds.inference.write_parameter_table(result, tmp_path / "out" / "parameters.tsv", low)
+    table = pd.read_csv(path, sep="\t").set_index("parameterId")
+    assert list(table.columns) == ["parameterScale", "lowerBound", "upperBound", "nominalValue", "estimate"]
+    assert table.loc["A", "nominalValue"] == pytest.approx(result.parameters["A"], rel=1e-15)
+    assert table.loc["sigma", "nominalValue"] == 0.05 and table.loc["sigma", "estimate"] == 0
+    assert table.loc["k", "parameterScale"] == "log10" and table.loc["k", "upperBound"] == 100.0
+    import petab.v1 as petab
+
+    petab.lint.check_parameter_df(table)
+    template = table.assign(parameterName=["amplitude", "rate", "noise"], nominalValue=1.0)
+    kept = ds.inference.parameter_table(low, result.parameters, template)
+    assert list(kept["parameterName"]) == ["amplitude", "rate", "noise"]
+    assert kept.loc["k", "nominalValue"] == pytest.approx(result.parameters["k"], rel=1e-15)
+    with pytest.raises(ValueError, match="not estimated"):
+        ds.inference.parameter_table(low, {"sigma": 1.0})

@@ -58,6 +58,8 @@ ALLOWED_UPWARD: dict[tuple[str, str, str], str] = {
     ("diffsoup.inference", "CampaignResult", "diffsoup.distributed"): "documented home ds.inference",
     ("diffsoup.inference", "world", "diffsoup.distributed"): "documented home ds.inference",
     ("diffsoup.inference", "World", "diffsoup.distributed"): "documented home ds.inference",
+    ("diffsoup.inference", "profile", "diffsoup.distributed._profile_runs"): "documented home ds.inference",
+    ("diffsoup.inference", "multistart", "diffsoup.distributed._start_runs"): "campaign driver beside profile",
     ("diffsoup.inference", "load_study", "diffsoup.formats"): "documented home ds.inference",
     ("diffsoup.inference", "StudyFile", "diffsoup.formats"): "documented home ds.inference",
     ("diffsoup.inference", "StudyFileError", "diffsoup.formats"): "documented home ds.inference",

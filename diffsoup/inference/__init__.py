@@ -1,14 +1,17 @@
 """Experiments, studies, objectives, fitting, multiple shooting, and campaigns of independent fits.
 
 Some documented names of this package are defined in higher layers and re-exported here lazily
-(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map`` and
-``world`` live in :mod:`diffsoup.distributed` beside the other execution code (Dask), and
+(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map``,
+``world`` and the campaign drivers ``profile`` (profile likelihoods, one task per parameter) and
+``multistart`` (one task per start) live in :mod:`diffsoup.distributed` beside the other
+execution code (Dask), and
 ``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
 from ._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from ._balance import balance_owners as balance_owners
 from ._experiment import Experiment as Experiment
+from ._fides import Fides as Fides
 from ._noise import AbstractNoise as AbstractNoise
 from ._noise import Gaussian as Gaussian
 from ._noise import Laplace as Laplace
@@ -22,6 +25,11 @@ from ._lower import LoweredStudy as LoweredStudy
 from ._lower import default_block_limit as default_block_limit
 from ._lower import lower as lower
 from ._multishoot import Multishoot as Multishoot
+from ._optimizers import LBFGSB as LBFGSB
+from ._optimizers import TRF as TRF
+from ._optimizers import AbstractOptimizer as AbstractOptimizer
+from ._parameter_table import parameter_table as parameter_table
+from ._parameter_table import write_parameter_table as write_parameter_table
 from ._parts import AbstractPart as AbstractPart
 from ._parts import GaussNewtonPart as GaussNewtonPart
 from ._parts import GradientPart as GradientPart
@@ -35,6 +43,12 @@ from ._samplers import ParameterBox as ParameterBox
 from ._samplers import SobolIndices as SobolIndices
 from ._samplers import latin_hypercube as latin_hypercube
 from ._samplers import sobol as sobol
+from ._profile_likelihood import ParameterProfile as ParameterProfile
+from ._profile_likelihood import ProfileOptions as ProfileOptions
+from ._profile_likelihood import ProfileResult as ProfileResult
+from ._profile_likelihood import profile_parameter as profile_parameter
+from ._pypesto import pypesto_objective as pypesto_objective
+from ._pypesto import pypesto_problem as pypesto_problem
 from ._solver_options import SolverOptions as SolverOptions
 from ._study import Parameter as Parameter
 from ._study import Study as Study
@@ -55,6 +69,8 @@ __getattr__, __dir__ = lazy_attributes(
         "CampaignResult": "diffsoup.distributed",
         "world": "diffsoup.distributed",
         "World": "diffsoup.distributed",
+        "profile": "diffsoup.distributed._profile_runs",
+        "multistart": "diffsoup.distributed._start_runs",
         "load_study": "diffsoup.formats",
         "StudyFile": "diffsoup.formats",
         "StudyFileError": "diffsoup.formats",

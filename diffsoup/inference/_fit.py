@@ -1,36 +1,46 @@
-"""``ds.inference.fit``: multistart fits with scipy's optimizers on a lowered study.
+"""``ds.inference.fit``: multistart fits of a lowered study, one local optimizer per start.
 
-``method="trf"``: ``scipy.optimize.least_squares`` (trust region reflective, with the bounds) on the
-residuals and their Jacobian by forward sensitivities (one ``residuals_and_jacobian`` evaluation per
-trial point, the Jacobian kept for the ``jac`` call at the same point).
-``method="lbfgsb"``: ``scipy.optimize.minimize(method="L-BFGS-B")`` on the value and its exact
-gradient. Starts are Latin hypercube samples within the bounds (``scipy.stats.qmc``), in the
-parameters' scaled coordinates.
+Methods (``fit(method=...)``: a name, or an optimizer object with its options):
 
-A failed solve during a fit (an experiment whose ``ds.simulate`` status is not success) is recorded
-(experiment id, status) in the start's ``failures`` and the optimizer is told the point is bad in a
-form it accepts: ``least_squares`` rejects non-finite residuals, so each residual of a failed
-experiment is replaced by ``failure_residual`` (1e4 by default: a cost far above any the fit has
-seen when residuals are noise-scaled) and its Jacobian rows by zeros, so that the trust region step
-to that point is rejected and the radius shrinks; L-BFGS-B gets a large finite value
-(``1e10 (1 + |f0|)``) and a zero gradient, which its line search treats as no sufficient decrease
-and backtracks from. A start whose own point fails is recorded as failed and not optimized.
+- ``"fides"`` (:class:`~diffsoup.inference.Fides`, the default): fides' interior trust-region
+  reflective optimizer with the Gauss-Newton Hessian of the noise-weighted residuals (forward
+  sensitivities), or the exact / differenced Hessian, or BFGS / SR1 updates;
+- ``"trf"`` (:class:`~diffsoup.inference.TRF`): ``scipy.optimize.least_squares`` (trust region
+  reflective) on the residuals and their Jacobian;
+- ``"lbfgsb"`` (:class:`~diffsoup.inference.LBFGSB`): ``scipy.optimize.minimize(method="L-BFGS-B")``
+  on the value and its exact gradient.
+
+Starts are Latin hypercube samples within the bounds in the parameters' scaled coordinates
+(:mod:`diffsoup.inference._starts`). A failed solve during a fit (an experiment whose
+``ds.simulate`` status is not success) is recorded (experiment id, status) in the start's
+``failures``; at a trial point it makes the optimizer step back (NaN, see
+:mod:`diffsoup.inference._optimizers`), never ends the start. A drawn start whose own point fails
+is replaced by a fresh draw (``resample_failed_starts`` times at most); a start point given by the
+caller that fails is recorded as a failed start and not optimized.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
+from ._fides import Fides
 from ._lower import lower
+from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
 from ._problem import InferenceProblem
+from ._starts import latin_hypercube as latin_hypercube
+from ._starts import replacement_point, start_points
 from ._study import Study
 
-METHODS = ("trf", "lbfgsb")
+METHODS = ("fides", "trf", "lbfgsb")
+DEFAULT_METHOD = "fides"
+# Starts within this of the best objective reached the same optimum (PEtab benchmarks' 1e-3 criterion).
+CONVERGED = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +48,17 @@ class StartResult:
     """One start of a multistart fit.
 
     Attributes:
-        x0, x: start and end point (theta, scaled).
+        x0, x: start and end point (theta, scaled); ``x0`` is the point the optimizer started from
+            (a replacement draw when the drawn point failed to solve).
         objective: the objective at ``x`` (inf if the start failed).
         success: the optimizer's success flag.
         message: its convergence reason (or why the start failed).
-        n_evaluations: objective evaluations (residuals+Jacobian for ``"trf"``, value+gradient for ``"lbfgsb"``).
-        n_iterations: optimizer iterations (Jacobian evaluations for ``"trf"``).
+        n_evaluations: evaluations of the lowered study (each trial point's value, residuals and
+            Jacobian, or Gauss-Newton blocks, as the method asks; the start point's check included).
+        n_iterations: optimizer iterations.
         seconds: wall time.
         failures: ``(experiment id, status name, count)`` of failed solves met during the start.
+        resampled: how many drawn start points failed to solve and were replaced.
     """
 
     x0: np.ndarray
@@ -57,6 +70,7 @@ class StartResult:
     n_iterations: int
     seconds: float
     failures: tuple
+    resampled: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +86,7 @@ class FitResult:
         covariance: that ``cov``.
         starts: every :class:`StartResult`, in start order.
         best: index of the best start.
-        method: ``"trf"`` or ``"lbfgsb"``.
+        method: the method's name (``"fides"``, ``"trf"``, ``"lbfgsb"``).
         seconds: total wall time; n_evaluations: total objective evaluations.
         theta_names: order of ``theta``.
         window_starts: multiple-shooting experiments' fitted window starts, id -> ``(W-1, n)``
@@ -96,6 +110,19 @@ class FitResult:
     def message(self) -> str:
         """Convergence reason of the best start."""
         return self.starts[self.best].message
+
+    @property
+    def waterfall(self) -> np.ndarray:
+        """The starts' final objectives, sorted ascending (failed starts, ``inf``, last): the
+        multistart waterfall (``ds.plots.plot_waterfall`` draws it)."""
+        return np.sort(np.array([s.objective for s in self.starts], dtype=np.float64))
+
+    def converged(self, tolerance: float = CONVERGED, best: float | None = None) -> np.ndarray:
+        """Which starts ended within ``tolerance`` of ``best`` (default: this fit's best objective;
+        give the best value known, e.g. a published optimum), as a boolean array in start order."""
+        reference = self.objective if best is None else float(best)
+        values = np.array([s.objective for s in self.starts], dtype=np.float64)
+        return np.isfinite(values) & (values <= reference + float(tolerance))
 
     @classmethod
     def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float) -> "FitResult":
@@ -132,58 +159,73 @@ class FitResult:
         )
 
 
-def latin_hypercube(lower, upper, n: int, seed: int) -> np.ndarray:
-    """``n`` Latin hypercube points within ``[lower, upper]`` (scipy.stats.qmc)."""
-    from scipy.stats import qmc
+def optimizer_of(method: str | AbstractOptimizer = DEFAULT_METHOD, *, max_nfev: int | None = None,
+                 ftol: float | None = None, xtol: float | None = None, gtol: float | None = None) -> AbstractOptimizer:  # fmt: skip
+    """The optimizer of ``fit(method=...)``: a name with the scipy-style tolerances mapped onto
+    its options (fides: ``ftol`` -> ``frtol``, ``gtol`` -> ``gatol``, ``xtol`` -> ``xtol``), or an
+    optimizer object as given (it carries its own options).
 
-    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
-    sample = qmc.LatinHypercube(d=lower.size, seed=np.random.default_rng(seed)).random(n)
-    return lower + sample * (upper - lower)
-
-
-def start_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray:
-    """``n`` start points ``(n, n_theta)`` (scaled) of a multistart: Latin hypercube samples of the
-    coordinates with finite bounds, the prepared values (``lowered.nominal``) for the others
-    (window starts)."""
-    lo, hi = np.asarray(lowered.lower, float), np.asarray(lowered.upper, float)
-    points = np.repeat(np.asarray(lowered.nominal, float)[None], n, axis=0)
-    sampled = np.isfinite(lo) & np.isfinite(hi)
-    if n and np.any(sampled):
-        points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], n, seed)
-    return points
+    Raises:
+        ValueError: for an unknown name, or tolerances given with an optimizer object.
+        TypeError: for anything else.
+    """
+    given = {k: v for k, v in (("max_nfev", max_nfev), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol)) if v is not None}
+    if isinstance(method, AbstractOptimizer):
+        given.pop("max_nfev", None)
+        if given:
+            raise ValueError(f"fit: {sorted(given)} apply to a method given by name; set them on the {type(method).__name__} "
+                             "object instead.")  # fmt: skip
+        return method.with_max_evaluations(max_nfev)
+    if not isinstance(method, str):
+        raise TypeError(f"fit: method must be a name {METHODS} or an optimizer object (ds.inference.Fides(...)), "
+                        f"not {type(method).__name__}.")  # fmt: skip
+    if method not in METHODS:
+        raise ValueError(f"fit: method={method!r} must be one of {METHODS} (or an optimizer object).")
+    names = {"fides": {"ftol": "frtol", "gtol": "gatol", "xtol": "xtol"}, "trf": {"ftol": "ftol", "xtol": "xtol", "gtol": "gtol"},
+             "lbfgsb": {"ftol": "ftol", "gtol": "gtol"}}[method]  # fmt: skip
+    options = {names[k]: float(v) for k, v in given.items() if k in names}
+    if max_nfev is not None:
+        options["max_evaluations"] = int(max_nfev)
+    return {"fides": Fides, "trf": TRF, "lbfgsb": LBFGSB}[method](**options)
 
 
 def fit(
     target: AbstractLoweredStudy | InferenceProblem | Study,
     *,
-    method: str = "trf",
+    method: str | AbstractOptimizer = DEFAULT_METHOD,
     starts: int | Any = 4,
     seed: int = 0,
     x0: Any = None,
     max_nfev: int | None = None,
-    ftol: float = 1e-8,
-    xtol: float = 1e-8,
-    gtol: float = 1e-8,
-    failure_residual: float = 1e4,
+    ftol: float | None = None,
+    xtol: float | None = None,
+    gtol: float | None = None,
+    failure_residual: float | None = None,
+    resample_failed_starts: int = 10,
     progress: bool = False,
 ) -> FitResult:
-    """Fit the estimated parameters of a study: multistart, scipy's TRF or L-BFGS-B.
+    """Fit the estimated parameters of a study: multistart, one local optimizer per start.
 
     Args:
         target: a lowered study (``ds.lower``'s, or the one ``ds.distributed.run`` yields: any
             ``AbstractLoweredStudy``), or an inference problem / study (lowered with defaults).
-        method: ``"trf"`` (least squares on residuals and forward-sensitivity Jacobians, bounded)
-            or ``"lbfgsb"`` (value and gradient, bounded).
+        method: ``"fides"`` (default: fides with the Gauss-Newton Hessian), ``"trf"`` (scipy's
+            least squares on residuals and forward-sensitivity Jacobians) or ``"lbfgsb"`` (value
+            and gradient); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``.
         starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
             of start points (scaled). Window starts of multiple-shooting experiments (and any
             other coordinate without finite bounds) are not sampled: every start takes their
             prepared values (``low.nominal``); an array ``(s, n_parameters)`` is completed with them.
-        seed: seed of the Latin hypercube.
+        seed: seed of the Latin hypercube (and of the replacements of failed start points).
         x0: an extra first start: theta (scaled; the parameters alone are completed with the prepared
             window starts) or a mapping of linear values by name.
-        max_nfev: most evaluations per start (None: scipy's default).
-        ftol, xtol, gtol: scipy's tolerances (``ftol``/``gtol`` map to L-BFGS-B's ``ftol``/``pgtol``).
-        failure_residual: residual value put in place of a failed experiment's residuals (TRF).
+        max_nfev: most evaluations per start (None: the method's default; fides 1000 iterations).
+        ftol, xtol, gtol: tolerances of a method given by name (None: its defaults); for fides
+            they set ``frtol``, ``xtol`` and ``gatol``.
+        failure_residual: no longer used (a failed trial point is now NaN, which every method
+            steps back from); giving it warns.
+        resample_failed_starts: most replacements of a drawn start point whose solve fails (0:
+            none; the start is then recorded as failed). Given start points are never replaced.
         progress: show a progress bar over the starts on stderr (evaluations, best objective).
 
     Returns:
@@ -193,10 +235,12 @@ def fit(
         ValueError: for an unknown method, starts of the wrong shape or outside the bounds.
         RuntimeError: if every start failed.
     """
-    from scipy.optimize import least_squares, minimize
-
-    if method not in METHODS:
-        raise ValueError(f"fit: method={method!r} must be one of {METHODS}.")
+    optimizer = optimizer_of(method, max_nfev=max_nfev, ftol=ftol, xtol=xtol, gtol=gtol)
+    if failure_residual is not None:
+        warnings.warn("fit: failure_residual is no longer used; a failed trial point is NaN, which every method steps "
+                      "back from.", DeprecationWarning, stacklevel=2)  # fmt: skip
+    if isinstance(resample_failed_starts, bool) or int(resample_failed_starts) < 0:
+        raise ValueError(f"fit: resample_failed_starts={resample_failed_starts!r} must be a non-negative integer.")
     low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
     prob = low.problem
     k = prob.n_theta
@@ -207,7 +251,8 @@ def fit(
     def complete(x):
         return np.concatenate([x, np.broadcast_to(nominal[n_par:], x.shape[:-1] + (k - n_par,))], axis=-1)
 
-    if isinstance(starts, (int, np.integer)) and not isinstance(starts, bool):
+    drawn = isinstance(starts, (int, np.integer)) and not isinstance(starts, bool)
+    if drawn:
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
         points = start_points(low, int(starts), seed)
@@ -217,6 +262,7 @@ def fit(
             points = complete(points)
         if points.shape[1:] != (k,):
             raise ValueError(f"fit: starts has shape {points.shape}; expected (s, {k}) for {list(prob.theta_names)}.")
+    replaceable = [drawn] * len(points)
     if x0 is not None:
         first = prob.theta_of(x0) if isinstance(x0, dict) else np.asarray(x0, dtype=np.float64)
         if first.shape == (n_par,) and n_par < k:
@@ -224,20 +270,61 @@ def fit(
         if first.shape != (k,):
             raise ValueError(f"fit: x0 has shape {first.shape}; expected ({k},) or ({n_par},) (the parameters).")
         points = np.vstack([first[None], points])
+        replaceable = [False] + replaceable
     if np.any(points < lo) or np.any(points > hi):
         raise ValueError("fit: a start point lies outside the bounds [lower, upper] (scaled coordinates).")
     t_all = time.perf_counter()
-    bar = _Progress(len(points), method, progress)
+    bar = _Progress(len(points), optimizer.name, progress)
     try:
         results = []
-        for p in points:
-            run = _fit_trf if method == "trf" else _fit_lbfgsb
-            results.append(run(low, p, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, least_squares, minimize,
-                               bar.evaluated))  # fmt: skip
+        for i, (p, may_replace) in enumerate(zip(points, replaceable)):
+            attempts = int(resample_failed_starts) if may_replace else 0
+            drawn_index = i - (x0 is not None)  # the draw's own index, the same with or without x0
+            replace = (lambda j, d=drawn_index: replacement_point(low, seed, d, j))
+            results.append(run_start(low, optimizer, p, replace=replace, attempts=attempts,
+                                     on_evaluation=bar.evaluated))  # fmt: skip
             bar.finished(results[-1])
     finally:
         bar.close()
-    return FitResult.from_starts(low, results, method=method, seconds=time.perf_counter() - t_all)
+    return FitResult.from_starts(low, results, method=optimizer.name, seconds=time.perf_counter() - t_all)
+
+
+def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: Any, *, fixed: dict | None = None,
+              replace=None, attempts: int = 0, on_evaluation=None) -> StartResult:  # fmt: skip
+    """One start: check that the start point solves (replacing it by ``replace(attempt)`` up to
+    ``attempts`` times if not), then run ``optimizer`` from it.
+
+    Args:
+        lowered: the lowered study.
+        optimizer: an :class:`AbstractOptimizer`.
+        x0: the start point, full theta (scaled).
+        fixed: theta index -> value of coordinates held fixed (profiles); the others are optimized.
+        replace: ``attempt -> theta`` giving a replacement start point.
+        attempts: most replacements.
+        on_evaluation: called after each evaluation.
+
+    Returns:
+        The :class:`StartResult` (``x0``/``x`` full theta).
+    """
+    start = time.perf_counter()
+    objective = StartObjective(lowered, fixed, on_evaluation)
+    theta0 = np.clip(np.asarray(x0, dtype=np.float64), lowered.lower, lowered.upper)
+    f0 = objective.value(theta0[objective.free])
+    resampled = 0
+    while not np.isfinite(f0) and resampled < attempts:
+        resampled += 1
+        theta0 = np.asarray(replace(resampled), dtype=np.float64)
+        f0 = objective.value(theta0[objective.free])
+    if not np.isfinite(f0):
+        return StartResult(theta0, theta0, float("inf"), False, "a solve failed at the start point",
+                           objective.n_evaluations, 0, time.perf_counter() - start, objective.failure_summary(),
+                           resampled)  # fmt: skip
+    out = optimizer.minimize(objective, theta0[objective.free], f0)
+    if out.value > f0:  # an optimizer may end above its start (L-BFGS-B on a penalized point): keep the start
+        out = out._replace(x=theta0[objective.free], value=f0)
+    return StartResult(theta0, objective.theta(out.x), float(out.value), out.success, out.message,
+                       objective.n_evaluations, out.n_iterations, time.perf_counter() - start,
+                       objective.failure_summary(), resampled)  # fmt: skip
 
 
 class _Progress:
@@ -267,84 +354,3 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-class _Failures:
-    def __init__(self):
-        self.counts: dict = {}
-
-    def add(self, failures: dict):
-        for eid, status in failures.items():
-            key = (eid, status.name)
-            self.counts[key] = self.counts.get(key, 0) + 1
-
-    def summary(self) -> tuple:
-        return tuple((eid, name, n) for (eid, name), n in self.counts.items())
-
-
-def _fit_trf(low, x0, lo, hi, max_nfev, ftol, xtol, gtol, failure_residual, least_squares, _minimize, on_eval):
-    start = time.perf_counter()
-    fails = _Failures()
-    cache: dict = {}
-    n_eval = [0]
-
-    def evaluate(x):
-        key = np.asarray(x, dtype=np.float64).tobytes()
-        if key not in cache:
-            r, J = low.residuals_and_jacobian(x)
-            n_eval[0] += 1
-            on_eval()
-            failed = dict(low.last_failures)
-            if failed:
-                fails.add(failed)
-                for eid in failed:
-                    sl = low.residual_slices[eid]
-                    r[sl] = failure_residual
-                    J[sl] = 0.0
-            bad = ~np.isfinite(r)
-            if np.any(bad):  # defensive: nothing non-finite reaches scipy
-                r[bad] = failure_residual
-                J[bad] = 0.0
-            cache.clear()
-            cache[key] = (r, J, bool(failed))
-        return cache[key]
-
-    x0 = np.clip(x0, lo, hi)
-    if evaluate(x0)[2]:
-        return StartResult(x0, x0, float("inf"), False, "a solve failed at the start point", n_eval[0], 0,
-                           time.perf_counter() - start, fails.summary())  # fmt: skip
-    res = least_squares(lambda x: evaluate(x)[0], x0, jac=lambda x: evaluate(x)[1], bounds=(lo, hi), method="trf",
-                        ftol=ftol, xtol=xtol, gtol=gtol, max_nfev=max_nfev, x_scale=1.0)  # fmt: skip
-    objective = low.scale * 2.0 * float(res.cost) + low.offset
-    return StartResult(x0, np.asarray(res.x), objective, bool(res.success), str(res.message), n_eval[0],
-                       int(res.njev or 0), time.perf_counter() - start, fails.summary())  # fmt: skip
-
-
-def _fit_lbfgsb(low, x0, lo, hi, max_nfev, ftol, _xtol, gtol, _failure_residual, _least_squares, minimize, on_eval):
-    start = time.perf_counter()
-    fails = _Failures()
-    n_eval = [0]
-    penalty = [None]
-
-    def fg(x):
-        v, g = low.value_and_grad(x)
-        n_eval[0] += 1
-        on_eval()
-        failed = dict(low.last_failures)
-        if failed or not (np.isfinite(v) and np.all(np.isfinite(g))):
-            fails.add(failed)
-            return penalty[0] if penalty[0] is not None else float("inf"), np.zeros_like(x)
-        return v, g
-
-    x0 = np.clip(x0, lo, hi)
-    f0, _ = fg(x0)
-    if not np.isfinite(f0):
-        return StartResult(x0, x0, float("inf"), False, "a solve failed at the start point", n_eval[0], 0,
-                           time.perf_counter() - start, fails.summary())  # fmt: skip
-    penalty[0] = 1e10 * (1.0 + abs(f0))
-    options = {"ftol": ftol, "gtol": gtol}
-    if max_nfev is not None:
-        options["maxfun"] = int(max_nfev)
-    res = minimize(fg, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)), options=options)
-    return StartResult(x0, np.asarray(res.x), float(res.fun), bool(res.success), str(res.message), n_eval[0],
-                       int(res.nit), time.perf_counter() - start, fails.summary())  # fmt: skip
