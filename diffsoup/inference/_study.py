@@ -145,9 +145,12 @@ class Study:
 
     Raises:
         ValueError: naming the experiment and the field: duplicate ids, an unknown parameter in a
-            mapping or in ``conditions``, an unknown state in ``y0``, data whose shape does not
-            match the observables, a missing level member, a member in two outer members, an
-            estimated sigma that is not a study parameter, a model parameter with no value.
+            mapping, in ``conditions`` or in the pre-equilibration's conditions, an unknown state
+            in ``y0``, data whose shape does not match the observables, a missing level member,
+            a member in two outer members, a name (sigma, observable parameter, initial amount)
+            that is not a study parameter, an observable parameter named like a model parameter,
+            a callable (``y0``, spread, discontinuities, reset time) that fails to trace or
+            returns the wrong shape, a model parameter with no value.
     """
 
     def __init__(
