@@ -46,6 +46,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# The in-process peer runs in the environment Dask's nanny gives its workers (distributed's
+# pre-spawn environment), so that the comparison is of the execution, not of thread settings.
+for _name, _value in (("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"),
+                      ("MALLOC_TRIM_THRESHOLD_", "65536")):  # fmt: skip
+    os.environ.setdefault(_name, _value)
+
 from _common import RESULTS, machine_info, write_json  # noqa: E402  (sets float64)
 
 import jax  # noqa: E402

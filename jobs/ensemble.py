@@ -52,10 +52,7 @@ def main() -> int:
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
         print(f"Dask dashboard: {client.dashboard_link}", flush=True)
-        if not client.scheduler_info(n_workers=-1)["workers"]:
-            # ensemble() pins the chunks to GPU workers only when it sees one: wait for the first.
-            print("waiting for the first worker from the batch queue ...", flush=True)
-            client.wait_for_workers(1)
+        # The chunks wait for workers from the batch queue (simulate_samples waits for the first).
         summary = ds.workflows.simulate_samples(study, args.out, samples=args.samples, sampler=args.sampler,
                                                 seed=args.seed, client=client, chunk_size=args.chunk_size,
                                                 progress=sys.stderr.isatty())

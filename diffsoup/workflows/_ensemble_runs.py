@@ -53,6 +53,11 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     draws = sample(sf.study, samples, method=sampler, seed=seed)
+    if client is not None and not client.scheduler_info(n_workers=-1)["workers"]:
+        # ensemble() pins the chunks to GPU workers when it sees one: wait for the first (SLURM
+        # workers come from the batch queue).
+        log("[diffsoup] waiting for the first Dask worker ...")
+        client.wait_for_workers(1)
     names = {tuple(v) for v in sf.observables.values()}
     k = max(e.n_observables for e in sf.study.experiments)
     output_names = next(iter(names)) if len(names) == 1 and len(next(iter(names))) == k else None
