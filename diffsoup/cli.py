@@ -138,6 +138,10 @@ def _check(args) -> int:
 
 def _simulate(args) -> int:
     _enable_x64()
+    if args.samples is not None:
+        return _simulate_samples(args)
+    if args.scheduler or args.slurm is not None or args.workers is not None or args.in_process:
+        raise SystemExit("diffsoup simulate: --scheduler, --slurm, --workers and --in-process go with --samples N")
     from .workflows import simulate_study
 
     values = {}
@@ -153,6 +157,26 @@ def _simulate(args) -> int:
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
     print(f"\n{summary['experiments']} experiments simulated in {summary['seconds']:.1f} s ({status})")
     _print_outputs(summary, args.out)
+    return 0
+
+
+def _simulate_samples(args) -> int:
+    from .workflows import simulate_samples
+
+    if args.set or args.from_fit is not None:
+        raise SystemExit("diffsoup simulate: --samples draws the parameters from the study's table; leave out "
+                         "--set and --from-fit")  # fmt: skip
+    sf = _load(args)
+    with _cluster(args) as (client, dashboard):
+        if dashboard:
+            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+        summary = simulate_samples(sf, args.out, samples=args.samples, sampler=args.sampler, seed=args.seed,
+                                   client=client, chunk_size=args.chunk_size, resume=not args.restart)  # fmt: skip
+    print(f"\n{summary['samples']} draws x {summary['experiments']} experiments simulated in {summary['seconds']:.1f} s "
+          f"({', '.join(f'{k}: {v}' for k, v in summary['simulation_status'].items())}); "
+          f"{summary['chunks_resumed']} of {summary['chunks']} chunks were already in the store")  # fmt: skip
+    print(f"results  {args.out / summary['results']}  (xarray.open_zarr reads it)")
+    print(f"summary  {args.out / 'summary.json'}")
     return 0
 
 
@@ -258,6 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--from-fit", type=Path, metavar="STORE", help="take the estimates of a results.zarr")
     simulate.add_argument("--set", action="append", metavar="NAME=VALUE", help="a parameter's value (repeatable)")
     simulate.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    simulate.add_argument("--samples", type=int, metavar="N",
+                          help="simulate N parameter draws from the study's table instead (an ensemble streamed "
+                          "into OUT/simulation.zarr, resumable; on Dask as fit is)")  # fmt: skip
+    simulate.add_argument("--sampler", choices=("lhs", "sobol"), default="lhs",
+                          help="with --samples: Latin hypercube or Sobol' points (N a power of 2; default lhs)")  # fmt: skip
+    simulate.add_argument("--seed", type=int, default=0, help="with --samples: fixes the draws (default 0)")
+    simulate.add_argument("--chunk-size", type=int, metavar="DRAWS",
+                          help="with --samples: draws per chunk (default: diffsoup.ensemble.chunk-size simulations)")  # fmt: skip
+    simulate.add_argument("--restart", action="store_true",
+                          help="with --samples: replace OUT/simulation.zarr instead of finishing it")  # fmt: skip
+    where = simulate.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDR", help="with --samples: an existing Dask scheduler's address")
+    where.add_argument("--slurm", metavar="PROFILE", type=Path, help="with --samples: a SLURM profile (TOML)")
+    where.add_argument("--in-process", action="store_true", help="with --samples: run here, without Dask")
+    simulate.add_argument("--workers", type=int, help="with --samples: CPU workers of the embedded default (default 2)")
     simulate.set_defaults(func=_simulate)
 
     fit = sub.add_parser(
@@ -328,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "grid", 4) < 4:
         parser.error("--grid must be at least 4")
-    for name in ("starts", "workers", "experiments", "max_nfev"):
+    for name in ("starts", "workers", "experiments", "max_nfev", "samples", "chunk_size"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
