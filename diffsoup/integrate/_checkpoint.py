@@ -253,7 +253,7 @@ def _forward(static, cfg, y0, p, t0, t_eval, discs):
     carry = run_loop(problem, cfg, p, t_eval, discs, carry, on_accept=_top_recorder(method, capacity))
     token = problem.prepared.end(workspace, carry.ys)
     status = carry.status + 0 * token
-    stats = carry.counters.stats()
+    stats = carry.counters.stats(method)
     residual = (carry.recorder.records, carry.recorder.stride, carry.counters.n_steps, status)
     return carry.ys, status, stats, residual
 

@@ -14,11 +14,13 @@ implements :class:`AbstractReversibleIntegrator`, which is what the checkpointed
 from __future__ import annotations
 
 import abc
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 
 class Work(NamedTuple):
-    """What one step attempt cost (int32 scalars, or Python ints)."""
+    """What one step attempt cost (int32 scalars, or Python ints). The Newton counters are those
+    of methods that iterate (reported in ``Solution.stats`` when the method sets
+    :attr:`AbstractIntegrator.newton_stats`)."""
 
     n_jac: Any
     n_factor: Any
@@ -26,6 +28,8 @@ class Work(NamedTuple):
     n_ir_steps: Any
     n_fallbacks: Any
     n_rhs: Any
+    n_newton_iters: Any = 0
+    n_newton_failures: Any = 0
 
 
 class Attempt(NamedTuple):
@@ -57,7 +61,18 @@ class AbstractIntegrator(abc.ABC):
 
     Implementations are frozen dataclasses (hashable: a method is part of the compiled program).
     Every hook is traced inside ``jit`` (and ``vmap``, and forward-mode autodiff).
+
+    Class attributes a method may set (the defaults suit one-step methods):
+
+    * ``lands_evenly``: when an output time or discontinuity lies between one and two steps
+      ahead, the loop takes two equal steps to it instead of a full step and a sliver (a
+      multistep method's history does not survive a sliver followed by a large step).
+    * ``newton_stats``: ``Solution.stats`` also reports ``n_newton_iters`` and
+      ``n_newton_failures`` (:class:`Work`'s Newton counters).
     """
+
+    lands_evenly: ClassVar[bool] = False
+    newton_stats: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -75,6 +90,18 @@ class AbstractIntegrator(abc.ABC):
     def init(self, problem, t0, y0, p, f0) -> Any:
         """The method's state before the first step (``f0 = rhs(t0, y0, p)``); a pytree whose
         structure every later state keeps (it is part of the loop's carry)."""
+
+    def start(self, problem, cfg, workspace, t0, y0, p, f0) -> Any:
+        """The state before the first step as the loop builds it, with the loop's settings and the
+        linear solver's workspace at hand (a method that keeps factors across steps needs their
+        structure). Default: :meth:`init`."""
+        return self.init(problem, t0, y0, p, f0)
+
+    def proposed_step(self, state) -> Any:
+        """The next step size, for a method that chooses its own (a variable-order method picks
+        step size and order together); None (the default) leaves it to the loop's controller.
+        ``state`` is the one :meth:`conclude` returned. Not consulted under ``ConstantStep``."""
+        return None
 
     @abc.abstractmethod
     def attempt(self, problem, cfg, workspace, state, t, y, h, p, t_cap) -> Attempt:
