@@ -304,3 +304,117 @@ def test_precision_modes(mode):
     np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(plain.ys), rtol=1e-8)
     if mode != "fp32":
         assert int(sol.stats["n_ir_steps"]) > 0
+
+
+# ---- derivatives ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_state_problem():
+    rhs = lambda t, y, p: jnp.stack([-p["k"] * y[0] + p["a"] * y[1], -p["a"] * y[1] + jnp.sin(t)])  # noqa: E731
+    return ds.ProblemSpec(rhs, states=2, parameters={"k": 3.0, "a": 0.5}).build()
+
+
+def test_sensitivities_of_the_discrete_solution_at_fixed_steps(two_state_problem):
+    # Fixed steps: the discrete solution is a smooth function of p (no step-size decisions), and
+    # on a linear problem the corrector is solved exactly: forward mode and the adjoint both
+    # give its derivative, as central differences of it do.
+    problem = two_state_problem
+    w = jnp.array([[1.0, -2.0], [0.5, 3.0]])
+
+    def loss(y0p, adjoint):
+        sol = ds.simulate(problem, y0p[:2], [0.5, 1.0], y0p[2:], method=ds.BDF(), controller=ds.ConstantStep(2.0**-7),
+                          adjoint=adjoint, rtol=1e-10, atol=1e-12)  # fmt: skip
+        return jnp.sum(w * sol.ys)
+
+    x0 = jnp.concatenate([jnp.array([1.0, 1.0]), problem.parameter_vector()])  # (y0, p)
+    forward = np.asarray(jax.jacfwd(loss)(x0, ds.ForwardMode()))
+    reverse = np.asarray(jax.grad(loss)(x0, ds.CheckpointAdjoint(checkpoints=4)))
+    value = jax.jit(lambda x: loss(x, ds.ForwardMode()))
+    fd = np.array([(float(value(x0 + 1e-6 * e)) - float(value(x0 - 1e-6 * e))) / 2e-6 for e in np.eye(4)])
+    np.testing.assert_allclose(forward, fd, rtol=1e-7)
+    np.testing.assert_allclose(reverse, fd, rtol=1e-7)
+
+
+def test_rober_sensitivities_forward_adjoint_and_rodas(rober_problem):
+    # Adaptive steps: forward mode and the adjoint differentiate the same discrete solution; both
+    # converge with the tolerance to Rodas5P's sensitivities at a tight one.
+    p0 = rober_problem.parameter_vector()
+    w = jnp.array([[1.0, 2.0, 3.0], [0.5, 1e4, 1.0], [2.0, 1e5, -1.0]])
+
+    def loss(p, method, adjoint, rtol, checkpoints=128):
+        adj = adjoint if adjoint is not None else ds.CheckpointAdjoint(checkpoints=checkpoints)
+        sol = ds.simulate(rober_problem, t_eval=[1.0, 100.0, 1e4], params=p, rtol=rtol, atol=1e-6 * rtol, method=method,
+                          adjoint=adj)  # fmt: skip
+        return jnp.sum(w * sol.ys)
+
+    forward = np.asarray(jax.jacfwd(loss)(p0, ds.BDF(), ds.ForwardMode(), 1e-8))
+    reverse = np.asarray(jax.grad(loss)(p0, ds.BDF(), None, 1e-8))
+    np.testing.assert_allclose(reverse, forward, rtol=1e-7)  # measured 4e-9
+    few = np.asarray(jax.grad(loss)(p0, ds.BDF(), None, 1e-8, 4))  # replays of long segments
+    np.testing.assert_allclose(few, reverse, rtol=1e-12)
+    rodas = np.asarray(jax.jacfwd(loss)(p0, ds.Rodas5P(), ds.ForwardMode(), 1e-11))
+    np.testing.assert_allclose(forward, rodas, rtol=1e-6)  # measured 4e-8
+    loose = np.asarray(jax.jacfwd(loss)(p0, ds.BDF(), ds.ForwardMode(), 1e-6))
+    assert 1e-8 < np.max(np.abs(loose - rodas) / np.abs(rodas)) < 1e-4  # converges with the tolerance
+
+
+def test_brusselator_gradient_through_a_discontinuity_klu_vmap(brusselator8):
+    # KLU, the restart at the discontinuity, outputs before and after it, and vmap of grad.
+    spec, problem, _ = brusselator8
+    p0 = problem.parameter_vector()
+    w = jnp.linspace(-1.0, 1.0, problem.n_states)
+
+    def loss(p, adjoint):
+        sol = ds.simulate(problem, t_eval=[0.5, 2.0], params=p, rtol=1e-7, atol=1e-9, discontinuities=(1.1,),
+                          method=ds.BDF(), adjoint=adjoint)  # fmt: skip
+        return jnp.sum(w * sol.ys[-1]) + jnp.sum(sol.ys[0] ** 2)
+
+    forward = np.asarray(jax.jacfwd(loss)(p0, ds.ForwardMode()))
+    grad = jax.grad(loss)
+    reverse = np.asarray(grad(p0, ds.CheckpointAdjoint(checkpoints=8)))
+    np.testing.assert_allclose(reverse, forward, rtol=1e-5)  # measured 2e-6 (the smallest entry)
+    batched = jax.vmap(lambda s: grad(p0 * s, ds.CheckpointAdjoint(checkpoints=8)))(jnp.array([1.0, 1.1]))
+    np.testing.assert_allclose(np.asarray(batched[0]), reverse, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(batched[1]), np.asarray(grad(p0 * 1.1, ds.CheckpointAdjoint(checkpoints=8))),
+                               rtol=1e-10)  # fmt: skip
+
+
+# ---- with the rest of simulate: steady states, resets; the automatic choice ------------------------------------
+
+
+def test_steady_state_and_resets():
+    # y' = k (2 - y): steady at 2; a reset to 5 at t = 1 (then y = 2 + 3 exp(-k (t - 1))).
+    problem = ds.ProblemSpec(lambda t, y, p: p["k"] * (2.0 - y), states=1, parameters={"k": 1.5}).build()
+    sol = ds.simulate(problem, [0.0], [1.0, np.inf], method=ds.BDF(), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(float(sol.ys[0, 0]), 2.0 * (1.0 - np.exp(-1.5)), rtol=1e-6)
+    np.testing.assert_allclose(float(sol.ys[1, 0]), 2.0, rtol=1e-6)
+    reset = ds.Reset(1.0, lambda t, y, p: jnp.full_like(y, 5.0))
+    sol = ds.simulate(problem, [0.0], [0.5, 1.0, 2.0], method=ds.BDF(), resets=reset, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(sol.ys[:, 0]), [2 * (1 - np.exp(-0.75)), 5.0, 2.0 + 3.0 * np.exp(-1.5)],
+                               rtol=1e-6)  # fmt: skip
+
+    def y_end(k):
+        out = ds.simulate(problem, [0.0], [0.5, 2.0], {"k": k}, method=ds.BDF(), resets=reset, rtol=1e-9, atol=1e-12)
+        return out.ys[-1, 0]
+
+    # d/dk of 2 + 3 exp(-k (t - 1)) at t = 2: -3 exp(-k).
+    np.testing.assert_allclose(float(jax.grad(y_end)(1.5)), -3.0 * np.exp(-1.5), rtol=1e-5)
+
+
+def test_auto_method_chooses_by_size_and_solver():
+    big = brusselator_2d(24)  # 1,152 states
+    klu_big = big.build(linear_solver=ds.linear.KLU())
+    auto = ds.AutoMethod()
+    assert auto.choose(klu_big) == ds.BDF()
+    assert auto.choose(big.build(linear_solver=ds.linear.Dense())) == ds.Rodas5P()
+    assert auto.choose(brusselator_2d(8).build(linear_solver=ds.linear.KLU())) == ds.Rodas5P()
+    assert ds.AutoMethod(min_states_for_bdf=10).choose(brusselator_2d(8).build(linear_solver=ds.linear.KLU())) == ds.BDF()
+    small = ds.ProblemSpec(lambda t, y, p: -y, states=1).build()
+    a = ds.simulate(small, [1.0], [1.0], method=auto)
+    b = ds.simulate(small, [1.0], [1.0], method=ds.Rodas5P())
+    assert np.array_equal(np.asarray(a.ys), np.asarray(b.ys))
+    with pytest.raises(ValueError, match="min_states_for_bdf"):
+        ds.AutoMethod(min_states_for_bdf=0)
+    with pytest.raises(TypeError, match="bdf"):
+        ds.AutoMethod(bdf="BDF")

@@ -19,8 +19,8 @@ Error control and order selection (Shampine and Reichelt; scipy's ``BDF``):
     the local error ``error_const_k * (y_new - y_pred)`` in the weighted RMS norm of the loop;
     after ``k + 1`` steps at one step size and order, the errors estimated for orders ``k - 1``,
     ``k``, ``k + 1`` give the step size each could take, and the largest wins (capped at 10x).
-    A rejected step shrinks by ``max(0.2, 0.9 err^(-1/(k+1)))`` (to 0.1 and order 1 after two
-    failures in a row); a Newton failure with a fresh Jacobian by 4.
+    A rejected step shrinks by ``max(0.2, 0.9 err^(-1/(k+1)))`` (by 10 after two failures in a
+    row); a Newton failure with a fresh Jacobian by 4.
 Outputs and discontinuities:
     every output time and discontinuity is a step endpoint, as for every method of the loop
     (exact outputs, no interpolation); the loop reaches a target that is between one and two
@@ -40,9 +40,18 @@ Batching (``vmap``):
     to ``max_order`` and stays there (for convergence-order tests), and the Jacobian and the
     factorization are made at every step (a Newton failure cannot be retried).
 Derivatives:
-    forward mode (``adjoint=ds.ForwardMode()``) differentiates each step's corrector by the
-    implicit function theorem (``_bdf_newton``): the derivatives of the BDF solution with its
-    corrector solved exactly, for the accepted step sizes and orders.
+    both directions give the derivatives of the BDF solution whose corrector is solved exactly,
+    at the accepted step sizes and orders (the forward pass stops its iterations within
+    ``newton_tol``; that difference is not differentiated, so the derivatives converge with the
+    tolerance and agree with finite differences of the solution to about the tolerance). Forward
+    mode (``adjoint=ds.ForwardMode()``) differentiates each step's corrector by the implicit
+    function theorem with the step's factorization (``_bdf_newton``). Reverse mode
+    (``ds.CheckpointAdjoint()``, the default) is the discrete adjoint of the steps: the reverse
+    sweep carries the cotangent of the history as well as of the state, and each step is
+    recomputed with a factorization of its own (one more per accepted step than the forward
+    pass made, as for Rosenbrock) and differentiated implicitly. A step record keeps the
+    history, the Jacobian and the controller state: ``(max_order + 3) n + nnz`` numbers, against
+    ``n`` for Rosenbrock (``CheckpointAdjoint(checkpoints=...)`` bounds how many).
 """
 
 from __future__ import annotations
@@ -56,10 +65,10 @@ import numpy as np
 
 from ..linear import Factorization
 from ._bdf_coefficients import MAX_ORDER, advance, coefficients, predict, rescale, start_history
-from ._bdf_newton import solve_corrector
+from ._bdf_newton import exact_corrector, solve_corrector
 from ._linear_solve import SolveModes, shifted_values
 from ._loop import error_norm
-from ._method import AbstractIntegrator, Attempt, Work
+from ._method import AbstractReversibleIntegrator, Attempt, Work
 
 # A step size grows only by this factor or more (CVODE's THRESH): a factorization serves on.
 GROW_THRESHOLD = 1.5
@@ -121,7 +130,7 @@ def _rms(x, w):
 
 @final
 @dataclasses.dataclass(frozen=True)
-class BDF(AbstractIntegrator):
+class BDF(AbstractReversibleIntegrator):
     """Variable-order, variable-step BDF/NDF with factorizations reused across steps (see the module).
 
     Args:
@@ -234,7 +243,6 @@ class BDF(AbstractIntegrator):
         kmax = int(self.max_order)
         rows = kmax + 3
         gamma, alpha, econst = (jnp.asarray(c, dtype) for c in coefficients(self.ndf))
-        gamma_rows = jnp.zeros((max(rows, MAX_ORDER + 1),), dtype).at[: MAX_ORDER + 1].set(gamma)[:rows]
         hist = state.history
         k = hist.order
         fixed = cfg.fixed_step
@@ -242,8 +250,7 @@ class BDF(AbstractIntegrator):
         # The history at this attempt's step size, the predictor and the corrector's constant.
         factor = (h / hist.h_D).astype(dtype)
         D = rescale(hist.D, k, factor)
-        j = jnp.arange(rows)
-        y_pred, psi = predict(D, k, jnp.where((j >= 1) & (j <= k), gamma_rows / alpha[k], 0.0))
+        y_pred, psi = predict(D, k, self._psi_weights(gamma, alpha, k, rows))
         tau = jnp.minimum(t + h, t_cap)
         c = (h / alpha[k]).astype(dtype)
 
@@ -280,7 +287,8 @@ class BDF(AbstractIntegrator):
         # the changed c costs (the scaled corrections contract by |r - 1| / (r + 1), r = c / c_lu,
         # on stiff and non-stiff components alike); 1/2 after a new factorization.
         ratio = c / c_lu
-        rate0 = jnp.where(refactor, 0.5, jnp.maximum(state.rate, jnp.abs(ratio - 1.0) / (ratio + 1.0))).astype(dtype)
+        # (need_lu, not refactor: a state restored from a checkpoint iterates as the forward pass did.)
+        rate0 = jnp.where(need_lu, 0.5, jnp.maximum(state.rate, jnp.abs(ratio - 1.0) / (ratio + 1.0))).astype(dtype)
         corr = solve_corrector(problem, cfg.modes, self.max_newton_iters, fac, c, c_lu, tau, y_pred, psi, p, scale,
                                tol, rate0, cfg.atol, cfg.rtol)  # fmt: skip
         d = corr.d
@@ -347,11 +355,12 @@ class BDF(AbstractIntegrator):
         # If rejected: the same history (at its own spacing), a smaller step or a new Jacobian.
         newton_failed = ~converged
         retry_with_jacobian = newton_failed & ~need_jac
+        # (The order stays: the adjoint reads the accepted attempt's order from the state on
+        # arrival at the step.)
         repeated = hist.error_failures >= 2
         shrink = jnp.where(repeated, 0.1, jnp.maximum(0.2, safety * jnp.maximum(err, 1e-10) ** (-1.0 / (k + 1))))
         h_rej = jnp.where(newton_failed, jnp.where(retry_with_jacobian, h, 0.25 * h), h * shrink)
         rejected = hist._replace(
-            order=jnp.where(~newton_failed & repeated, 1, k).astype(jnp.int32),
             h_next=h_rej.astype(dtype),
             jac_age=jnp.where(need_jac, 0, hist.jac_age).astype(jnp.int32),
             lu_age=jnp.where(need_lu, 0, hist.lu_age).astype(jnp.int32),
@@ -366,6 +375,61 @@ class BDF(AbstractIntegrator):
             n_newton_iters=iters, n_newton_failures=newton_failed.astype(jnp.int32),
         )  # fmt: skip
         return Attempt(y_out, error, corr.info.ok, converged, work, new_state)
+
+    # -- the adjoint ---------------------------------------------------------------------------
+
+    def checkpoint(self, state: BDFState):
+        # The factors are made again from jac and c_lu on resume (the same values: the same
+        # factors), keeping an adaptive upgrade.
+        upgraded = state.factors.upgraded
+        return (state.history, state.jac, state.c_lu, state.rate, () if upgraded is None else upgraded)
+
+    def resume(self, template: BDFState, saved) -> BDFState:
+        history, jac, c_lu, rate, upgraded = saved
+        factors = template.factors
+        if factors.upgraded is not None:
+            factors = factors._replace(upgraded=upgraded)
+        return BDFState(history, history, jac, c_lu, factors, rate, jnp.ones((), bool))
+
+    def history(self, state: BDFState):
+        return state.history.D
+
+    def initial_history(self, problem, t0, y0, p):
+        return start_history(int(self.max_order) + 3, y0, problem.rhs(t0, y0, p))
+
+    def reverse_transition(self, problem, cfg, modes, workspace, state: BDFState, history, t, y, h, p, t_cap):
+        """The accepted step as a function of ``(y, D, p)`` (``y`` is ``D[0]``, not read): the
+        history re-sampled at ``h``, the corrector solved again and differentiated implicitly
+        (``_bdf_newton.exact_corrector``), the history advanced, or restarted past a
+        discontinuity. Exact for the BDF solution whose corrector is solved exactly; the forward
+        pass's own iterations stopped within ``newton_tol``, and that difference (a tenth of
+        the local error test, at most) is not differentiated."""
+        dtype = y.dtype
+        kmax = int(self.max_order)
+        rows = kmax + 3
+        gamma, alpha, _ = (jnp.asarray(c, dtype) for c in coefficients(self.ndf))
+        hist = state.history
+        k = hist.order
+        D = rescale(history, k, (h / hist.h_D).astype(dtype))
+        y_pred, psi = predict(D, k, self._psi_weights(gamma, alpha, k, rows))
+        tau = jnp.minimum(t + h, t_cap)
+        c = (h / alpha[k]).astype(dtype)
+        atol, rtol = cfg.atol.astype(dtype), jnp.asarray(cfg.rtol).astype(dtype)
+        scale = atol + rtol * jnp.abs(jax.lax.stop_gradient(y_pred))
+        d = exact_corrector(problem, modes, workspace, 2 * self.max_newton_iters, c, tau, y_pred, psi, p, scale,
+                            self.newton_tolerance(rtol, dtype))  # fmt: skip
+        y_new = y_pred + d
+        landed = jnp.isfinite(t_cap)
+        f_new = problem.rhs(jnp.where(landed, jnp.nextafter(t_cap, jnp.asarray(jnp.inf, dtype)), tau), y_new, p)
+        D_new = jnp.where(landed, start_history(rows, y_new, f_new), advance(D, k, d))
+        return y_new, D_new
+
+    @staticmethod
+    def _psi_weights(gamma, alpha, k, rows):
+        """``gamma_j / alpha_k`` for ``j = 1..k`` (0 elsewhere), over the history's rows."""
+        gamma_rows = jnp.zeros((max(rows, MAX_ORDER + 1),), gamma.dtype).at[: MAX_ORDER + 1].set(gamma)[:rows]
+        j = jnp.arange(rows)
+        return jnp.where((j >= 1) & (j <= k), gamma_rows / alpha[k], 0.0)
 
     def _restart_step(self, problem, cfg, t, y, f, p):
         """A starting step size of order 1 at ``(t, y)`` with ``f = y'`` (Hairer and Wanner, II.4)."""

@@ -15,12 +15,20 @@ the ``m - k`` iterations left) exceeds ``tol``. The first iteration uses the rat
 last step's iterations (set to 1/2 after a new factorization: then ``||dy|| < tol``), so a step
 whose predictor was good converges after one iteration.
 
-Derivatives (forward mode): the converged correction as the solution of ``G(d; y_pred, psi, p) = 0``,
+Derivatives, forward mode (:func:`solve_corrector`): the converged correction as the solution of ``G(d; y_pred, psi, p) = 0``,
 ``A d' = c (f_y y_pred' + f_p p') - psi'`` with ``A = I - c f_y(y_new)`` exactly (its products are
 Jacobian-vector products at the converged state), solved by iterations preconditioned with the
 step's factorization, to the corrector's own tolerance relative to the tangent
 (weights ``atol + rtol |y'|``). These are the derivatives of the BDF solution whose corrector
 is solved exactly: the primal's iteration error (within ``tol``) is not differentiated.
+
+Derivatives, reverse mode (:func:`exact_corrector`, the adjoint's recomputed step): the same
+implicit derivative, through ``jax.lax.custom_linear_solve`` (its transpose solves ``A^T``), from
+the corrector solved again with a factorization made at the predictor for the step's own ``c``;
+the linear systems with ``A`` and ``A^T`` are solved by iterations preconditioned with it, to
+round-off. Both directions give the derivatives of the same discrete solution (the corrector
+solved exactly, at the accepted steps and orders). ``A`` is held fixed: derivatives of
+derivatives (Hessian-vector products) leave out its own derivative.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from ..linear import Factorization, SolveInfo
+from ._linear_solve import shifted_values
 
 
 class Corrector(NamedTuple):
@@ -134,25 +143,30 @@ def _tangent(static: CorrectorProblem, values, workspace, factors, c, c_lu, tau,
     _, jvp_y = jax.linearize(lambda y: static.problem.rhs(tau, y, p), y_new)
     m = 2 * static.max_iters
 
+    fac = Factorization(values, workspace, factors)
+
     def cond(st):
-        x, fac, norm, prev, k = st
+        x, norm, prev, k = st
         rate = norm / prev
         done = (norm == 0.0) | ((k > 1) & (rate < 1.0) & (rate / (1.0 - rate) * norm < tol))
         return (k == 0) | (~done & (k < m) & jnp.isfinite(norm))
 
     def body(st):
-        x, fac, norm, prev, k = st
+        # Each solve reads the x of the one before: the solves on the factors run in order.
+        x, norm, prev, k = st
         r = b - (x - c * jvp_y(x))
-        dx, fac_, _ = prepared.solve(Factorization(values, workspace, fac), r, static.modes.tangent)
-        dx = (s / c_lu) * dx
+        dx = (s / c_lu) * prepared.solve(fac, r, static.modes.tangent)[0]
         x = x + dx
         new = _rms(dx, tangent_tolerance_weights(atol, rtol, base + x))
-        return x, fac_.factors, new, norm, k + 1
+        return x, new, norm, k + 1
 
     dtype = b.dtype
     inf = jnp.asarray(jnp.inf, dtype)
-    x, factors, _, _, _ = jax.lax.while_loop(cond, body, (jnp.zeros_like(b), factors, inf, inf, jnp.zeros((), jnp.int32)))
-    return x, factors
+    # The factors stay out of the loop's carry: under vmap over tangents (jacfwd) the loop's
+    # condition is batched, and so would be everything it carries; the next primal solve waits
+    # for the last tangent solve through chain's data dependency (unbatched).
+    x, _, _, _ = jax.lax.while_loop(cond, body, (jnp.zeros_like(b), inf, inf, jnp.zeros((), jnp.int32)))
+    return x, prepared.chain(fac, x).factors
 
 
 def _solve_primal(static, values, workspace, factors, c, c_lu, tau, y_pred, psi, p, scale, tol, rate0, atol, rtol):
@@ -189,3 +203,57 @@ def solve_corrector(problem, modes, max_iters, fac: Factorization, c, c_lu, tau,
         static, sg(fac.values), fac.workspace, sg(fac.factors), sg(c), sg(c_lu), sg(tau), y_pred, psi, p, sg(scale),
         sg(tol), sg(rate0), sg(atol), sg(rtol),
     )  # fmt: skip
+
+
+def _preconditioned(apply, precondition, b, max_iters: int = 30):
+    """``x`` with ``apply(x) = b`` by iterations ``x += precondition(b - apply(x))``, to round-off
+    (the largest correction at most ``1e-13`` of the largest entry of ``x``)."""
+
+    def cond(st):
+        x, dx_norm, k = st
+        return (k == 0) | ((dx_norm > 1e-13 * jnp.max(jnp.abs(x))) & (k < max_iters) & jnp.isfinite(dx_norm))
+
+    def body(st):
+        x, _, k = st
+        dx = precondition(b - apply(x))
+        return x + dx, jnp.max(jnp.abs(dx)), k + 1
+
+    x, _, _ = jax.lax.while_loop(cond, body, (jnp.zeros_like(b), jnp.asarray(jnp.inf, b.dtype), jnp.zeros((), jnp.int32)))
+    return x
+
+
+def exact_corrector(problem, modes, workspace, max_iters, c, tau, y_pred, psi, p, scale, tol):
+    """The correction ``d`` of a step as a differentiable function of ``(y_pred, psi, p)`` for
+    reverse mode (see the module): a factorization at the predictor with this step's ``c``, the
+    iterations, then one exact Newton step through ``custom_linear_solve`` that carries the
+    implicit derivative."""
+    sg = jax.lax.stop_gradient
+    prepared = problem.prepared
+    c, tau, y0, psi0, p0 = sg((c, tau, y_pred, psi, p))
+    jac = sg(problem.jacobian_values(tau, y0, p0))
+    values = shifted_values(jac, jnp.asarray(problem.pattern.diagonal), 1.0 / c)
+    fac = prepared.factor(workspace, values, modes.with_reverse)
+    static = CorrectorProblem(problem, modes, int(max_iters))
+    out = _iterate(static, values, workspace, fac.factors, c, c, tau, y0, psi0, p0, sg(scale), sg(tol),
+                   jnp.asarray(0.5, y0.dtype))  # fmt: skip
+    d_star = sg(out.d)
+    y_star = y0 + d_star
+    _, jvp_y = jax.linearize(lambda y: problem.rhs(tau, y, p0), y_star)
+    fac = Factorization(values, workspace, out.factors)
+
+    def matvec(v):
+        return v - c * jvp_y(v)
+
+    def solve(apply, r):
+        return _preconditioned(apply, lambda v: prepared.solve(fac, v, modes.primal)[0] / c, r)
+
+    def transpose_solve(apply_t, r):
+        def precondition(v):
+            return prepared.solve(fac, v, modes.reverse, transpose=True, ir_tol=modes.reverse_ir_tol)[0] / c
+
+        return _preconditioned(apply_t, precondition, r)
+
+    # G(d*; y_pred, psi, p) is ~0 (the iterations' error); its derivative is what matters.
+    residual = d_star + psi - c * problem.rhs(tau, y_pred + d_star, p)
+    delta = jax.lax.custom_linear_solve(matvec, -residual, solve, transpose_solve)
+    return d_star + delta

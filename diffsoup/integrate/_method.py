@@ -124,12 +124,20 @@ class AbstractIntegrator(abc.ABC):
 
 
 class AbstractReversibleIntegrator(AbstractIntegrator):
-    """A method whose accepted step is a differentiable function of ``(y, p)``: what the
-    checkpointed adjoint (``ds.CheckpointAdjoint``) needs to run its reverse sweep.
+    """A method whose accepted step is a differentiable function of ``(y, p)`` (and of a history
+    of its own, for a multistep method): what the checkpointed adjoint (``ds.CheckpointAdjoint``)
+    needs to run its reverse sweep.
 
     The adjoint records, every so often, the loop's state on arrival at a step and
     :meth:`checkpoint` of the method's state; it replays segments of steps from those records
-    (from :meth:`resume`) and differentiates each accepted step with :meth:`reverse_step`.
+    (from :meth:`resume`) and differentiates each accepted step with :meth:`reverse_transition`.
+
+    A one-step method implements :meth:`reverse_step` (the step as a function of ``(y, p)``) and
+    nothing more. A method whose step also reads values it carried from earlier steps (a
+    multistep method's history) declares them with :meth:`history` and :meth:`initial_history`
+    and implements :meth:`reverse_transition` instead: the reverse sweep then carries a cotangent
+    for that history as well as for ``y``. The rejected attempts before an accepted step must not
+    change what :meth:`reverse_transition` reads from the state on arrival.
     """
 
     @abc.abstractmethod
@@ -141,8 +149,29 @@ class AbstractReversibleIntegrator(AbstractIntegrator):
         """The method's state on arrival at a recorded step, from :meth:`checkpoint`'s ``saved``
         and a ``template`` state (from :meth:`init`) for everything else."""
 
-    @abc.abstractmethod
+    def history(self, state) -> Any:
+        """The values in ``state`` that an accepted step depends on differentiably besides ``y``
+        (a pytree of arrays of the compute dtype); ``()`` for a one-step method."""
+        return ()
+
+    def initial_history(self, problem, t0, y0, p) -> Any:
+        """:meth:`history` of the state before the first step, as a differentiable function of
+        ``(y0, p)`` (the reverse sweep ends with its vector-Jacobian product)."""
+        return ()
+
+    def reverse_transition(self, problem, cfg, modes, workspace, state, history, t, y, h, p, t_cap):
+        """The accepted step from ``(t, y)`` of size ``h`` as a function of ``(y, history, p)``,
+        for ``jax.vjp``: returns ``(y(t + h), history after the step)``; ``state`` is the
+        method's state on arrival (:meth:`resume` of the record) and ``cfg`` the loop's
+        settings, for everything not differentiated. Default: :meth:`reverse_step` and an empty
+        history."""
+        return self.reverse_step(problem, modes, workspace, t, y, h, p, t_cap), ()
+
     def reverse_step(self, problem, modes, workspace, t, y, h, p, t_cap):
         """The accepted step from ``(t, y)`` of size ``h`` as a function of ``(y, p)``, for
         ``jax.vjp``: returns ``y(t + h)``, recomputing what it needs (its linear solves use
-        ``custom_linear_solve`` with transposed solves in ``modes.reverse``)."""
+        ``custom_linear_solve`` with transposed solves in ``modes.reverse``). A one-step method
+        implements this; a method with a :meth:`history` implements :meth:`reverse_transition`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement reverse_step (a one-step method) or reverse_transition."
+        )
