@@ -21,6 +21,8 @@ from .integrate import Solution as Solution
 from .integrate import Status as Status
 from .integrate import SolveError as SolveError
 from .integrate import Rodas5P as Rodas5P
+from .integrate import BDF as BDF
+from .integrate import AutoMethod as AutoMethod
 from .integrate import PIController as PIController
 from .integrate import ConstantStep as ConstantStep
 from .integrate import ForwardMode as ForwardMode

@@ -1,9 +1,11 @@
 """Stiff integrators and their sensitivities: ``simulate`` (with state ``Reset`` s and
 ``SteadyState`` outputs at ``t = inf``), ``Solution``, status codes; the
 integrator interface (``AbstractIntegrator``, ``AbstractRosenbrock`` with a ``RosenbrockTableau``),
-its methods (``Rodas5P``, ``ImplicitEuler``) and the adjoint interface (``AbstractAdjoint``)."""
+its methods (``Rodas5P``, ``BDF``, ``ImplicitEuler``; ``AutoMethod`` chooses) and the adjoint interface (``AbstractAdjoint``)."""
 
 from ._adjoint import AbstractAdjoint as AbstractAdjoint
+from ._auto_method import AutoMethod as AutoMethod
+from ._bdf import BDF as BDF
 from ._checkpoint import CheckpointAdjoint as CheckpointAdjoint
 from ._forward_mode import ForwardMode as ForwardMode
 from ._implicit_euler import ImplicitEuler as ImplicitEuler

@@ -15,8 +15,11 @@ accepted step size, stage-time cap and end time).
 
 Reverse sweep, segment by segment from the end, step by step from the segment's last: get the
 step's record and apply its vector-Jacobian product: ``jax.vjp`` of the method's
-:meth:`~diffsoup.integrate.AbstractReversibleIntegrator.reverse_step` as a function of ``(y, p)``,
-whose linear solves are ``custom_linear_solve`` with transposed solves on the step's factors.
+:meth:`~diffsoup.integrate.AbstractReversibleIntegrator.reverse_step` as a function of ``(y, p)``
+(for a multistep method, :meth:`~diffsoup.integrate.AbstractReversibleIntegrator.reverse_transition`
+of ``(y, history, p)``: the sweep then carries the history's cotangent too, and ends with the
+vector-Jacobian product of the initial history), whose linear solves are ``custom_linear_solve``
+with transposed solves on the step's factors.
 The record comes from one replay (the same attempt function): for the segment's last step, from
 the segment's record to the step, filling a second buffer of ``C`` inner records (stride
 ``ceil(L / C)``) on the way; for the others, from the inner record at or before the step, a replay
@@ -253,7 +256,7 @@ def _forward(static, cfg, y0, p, t0, t_eval, discs):
     carry = run_loop(problem, cfg, p, t_eval, discs, carry, on_accept=_top_recorder(method, capacity))
     token = problem.prepared.end(workspace, carry.ys)
     status = carry.status + 0 * token
-    stats = carry.counters.stats()
+    stats = carry.counters.stats(method)
     residual = (carry.recorder.records, carry.recorder.stride, carry.counters.n_steps, status)
     return carry.ys, status, stats, residual
 
@@ -294,8 +297,13 @@ def _solve_bwd(static, residuals, cotangents):
 
     steady = cfg.steady is not None
 
+    # A multistep method's history (AbstractReversibleIntegrator.history) has a cotangent too.
+    history_template = method.history(template.method)
+    has_history = bool(jax.tree_util.tree_leaves(history_template))
+
     def step_vjp(rec: StepRecord, lam, pbar):
         """Adjoint of the accepted step of ``rec``: outputs it wrote, then the step itself."""
+        lam, lam_history = lam
         wrote = (t_eval == rec.t_new) & (t_eval > t0)
         if steady:
             # The steady state (+inf outputs) is the state after the last accepted step.
@@ -303,14 +311,27 @@ def _solve_bwd(static, residuals, cotangents):
         lam = lam + jnp.sum(jnp.where(wrote[:, None], ct_ys, 0.0), axis=0).astype(lam.dtype)
         t, h, cap = (x.astype(adjoint_dtype) for x in (rec.t, rec.acc_h, rec.acc_cap))
 
-        def one_step(y, pp):
-            return method.reverse_step(problem, step_modes, workspace, t, y, h, pp, cap)
+        if not has_history:
 
-        y_new, vjp = jax.vjp(one_step, rec.y.astype(adjoint_dtype), p.astype(adjoint_dtype))
-        # The transposed solves read the factors' workspace too: start them after the recomputed
-        # step's own solves (the last stage's transpose needs only the incoming cotangent).
-        ybar, pb = vjp(depends_on(lam, y_new))
-        return ybar, pbar + pb
+            def one_step(y, pp):
+                return method.reverse_step(problem, step_modes, workspace, t, y, h, pp, cap)
+
+            y_new, vjp = jax.vjp(one_step, rec.y.astype(adjoint_dtype), p.astype(adjoint_dtype))
+            # The transposed solves read the factors' workspace too: start them after the recomputed
+            # step's own solves (the last stage's transpose needs only the incoming cotangent).
+            ybar, pb = vjp(depends_on(lam, y_new))
+            return (ybar, lam_history), pbar + pb
+
+        arrival = method.resume(template.method, rec.arrival.method)
+        history = jax.tree_util.tree_map(lambda v: v.astype(adjoint_dtype), method.history(arrival))
+
+        def transition(y, hist, pp):
+            return method.reverse_transition(problem, cfg, step_modes, workspace, arrival, hist, t, y, h, pp, cap)
+
+        (y_new, _), vjp = jax.vjp(transition, rec.y.astype(adjoint_dtype), history, p.astype(adjoint_dtype))
+        after = jax.tree_util.tree_map(lambda v: depends_on(v, y_new), lam_history)
+        ybar, history_bar, pb = vjp((depends_on(lam, y_new), after))
+        return (ybar, history_bar), pbar + pb
 
     def segment(state):
         """The adjoint of the steps of segment ``k``, last step first. One replay serves both
@@ -350,15 +371,26 @@ def _solve_bwd(static, residuals, cotangents):
         )
         return k - 1, lam, pbar, bad
 
-    lam0 = jnp.zeros(y0.shape, adjoint_dtype)
+    lam0 = (
+        jnp.zeros(y0.shape, adjoint_dtype),
+        jax.tree_util.tree_map(lambda v: jnp.zeros(jnp.shape(v), adjoint_dtype), history_template),
+    )
     pbar0 = jnp.zeros(p.shape, adjoint_dtype)
-    _, lam, pbar, bad = jax.lax.while_loop(
+    _, (lam, lam_history), pbar, bad = jax.lax.while_loop(
         lambda st: st[0] >= 0, segment, (count - 1, lam0, pbar0, jnp.zeros((), bool))
     )
     at_start = t_eval <= t0
     if steady:
         at_start = at_start | (jnp.isposinf(t_eval) & (n_total == 0))
     lam = lam + jnp.sum(jnp.where(at_start[:, None], ct_ys, 0.0), axis=0).astype(adjoint_dtype)
+    if has_history:
+        # The history before the first step, from (y0, p).
+        _, vjp0 = jax.vjp(
+            lambda y, pp: method.initial_history(problem, t0.astype(adjoint_dtype), y, pp),
+            y0.astype(adjoint_dtype), p.astype(adjoint_dtype),
+        )  # fmt: skip
+        ybar0, pbar_start = vjp0(lam_history)
+        lam, pbar = lam + ybar0, pbar + pbar_start
     token = prepared.end(workspace, (lam, pbar))
     del token  # the release is ordered after the cotangents; its value is not needed
     failed = bad | (forward_status != Status.SUCCESS)

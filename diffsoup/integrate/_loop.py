@@ -145,7 +145,8 @@ class LoopConfig:
 
 
 class Counters(NamedTuple):
-    """Counters of one solve (int32); all but ``n_attempts`` are :attr:`Solution.stats`."""
+    """Counters of one solve (int32); :attr:`Solution.stats` reports those of ``STAT_FIELDS``,
+    and ``NEWTON_STAT_FIELDS`` for a method with ``newton_stats``."""
 
     n_steps: Any  # accepted
     n_rejected: Any
@@ -156,13 +157,17 @@ class Counters(NamedTuple):
     n_fallbacks: Any  # adaptive float64 fallbacks
     n_rhs: Any  # right-hand-side evaluations, Jacobian colors included
     n_attempts: Any  # accepted and rejected (max_steps bounds it)
+    n_newton_iters: Any  # Newton iterations (methods that iterate)
+    n_newton_failures: Any  # step attempts whose Newton iteration did not converge
 
-    def stats(self) -> dict:
-        """The counters ``Solution.stats`` reports, by name."""
-        return {name: getattr(self, name) for name in STAT_FIELDS}
+    def stats(self, method: AbstractIntegrator | None = None) -> dict:
+        """The counters ``Solution.stats`` reports for ``method``, by name."""
+        names = STAT_FIELDS + (NEWTON_STAT_FIELDS if method is not None and method.newton_stats else ())
+        return {name: getattr(self, name) for name in names}
 
 
-STAT_FIELDS = Counters._fields[:-1]
+STAT_FIELDS = ("n_steps", "n_rejected", "n_jac", "n_factor", "n_solves", "n_ir_steps", "n_fallbacks", "n_rhs")
+NEWTON_STAT_FIELDS = ("n_newton_iters", "n_newton_failures")
 
 
 class LastStep(NamedTuple):
@@ -282,7 +287,7 @@ def init_carry(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs, workspace, *,
     return LoopState(
         t=t0, y=y0, h=h, err_prev=jnp.ones((), dtype), rejected_last=jnp.zeros((), bool), i_out=i_out,
         i_disc=jnp.sum(discs <= t0).astype(jnp.int32), ys=ys, status=status,
-        method=cfg.method.init(problem, t0, y0, p, f0), counters=counters, workspace=workspace,
+        method=cfg.method.start(problem, cfg, workspace, t0, y0, p, f0), counters=counters, workspace=workspace,
         last=LastStep(t0, y0, h, jnp.asarray(jnp.inf, dtype)),
     )  # fmt: skip
 
@@ -311,6 +316,9 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
     # Land when within round-off of the target (no sliver of a step left behind).
     lands = h >= remaining - 64 * jnp.finfo(dtype).eps * jnp.abs(t_target)
     h_try = jnp.where(lands, remaining, h)
+    if method.lands_evenly and not fixed:
+        # Between one and two steps from the target: two equal steps rather than a step and a sliver.
+        h_try = jnp.where(~lands & (2.0 * h >= remaining), 0.5 * remaining, h_try)
     t_new = jnp.where(lands, t_target, t + h_try)
     lands_disc = lands & (t_disc <= t_out)
     t_cap = jnp.where(lands_disc, jnp.nextafter(t_target, t), jnp.inf).astype(dtype)
@@ -336,6 +344,10 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
             healthy, jnp.clip(ctl.safety * err_safe ** (-1.0 / method.error_order), ctl.factor_min, 0.9), 0.25
         )
         h_next = jnp.where(accept, h_acc, h_try * shrink)
+    method_state = method.conclude(proposal.state, accept)
+    own_step = None if fixed else method.proposed_step(method_state)
+    if own_step is not None:
+        h_next = own_step
     h_next = jax.lax.stop_gradient(h_next).astype(dtype)
 
     # Outputs at t_new (all output times equal to it), discontinuities passed.
@@ -368,6 +380,8 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
         n_fallbacks=n.n_fallbacks + work.n_fallbacks,
         n_rhs=n.n_rhs + work.n_rhs,
         n_attempts=n.n_attempts + 1,
+        n_newton_iters=n.n_newton_iters + work.n_newton_iters,
+        n_newton_failures=n.n_newton_failures + work.n_newton_failures,
     )
 
     tiny = 16 * jnp.finfo(dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(t_new))
@@ -390,7 +404,7 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
         t=pick(t_new, t), y=pick(y_new, y), h=h_next,
         err_prev=pick(jnp.maximum(err, 1e-4), c.err_prev).astype(dtype), rejected_last=~accept,
         i_out=i_out, i_disc=i_disc, ys=ys, status=status,
-        method=method.conclude(proposal.state, accept), counters=counters,
+        method=method_state, counters=counters,
         last=LastStep(pick(t, c.last.t), pick(y, c.last.y), pick(h_try, c.last.h), pick(t_cap, c.last.cap)),
     )  # fmt: skip
 
@@ -425,4 +439,4 @@ def forward_solve(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs):
     carry = run_loop(problem, cfg, p, t_eval, discs, carry)
     token = problem.prepared.end(workspace, carry.ys)
     status = carry.status + 0 * token
-    return carry.ys, status, carry.counters.stats()
+    return carry.ys, status, carry.counters.stats(cfg.method)

@@ -14,11 +14,13 @@ implements :class:`AbstractReversibleIntegrator`, which is what the checkpointed
 from __future__ import annotations
 
 import abc
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 
 class Work(NamedTuple):
-    """What one step attempt cost (int32 scalars, or Python ints)."""
+    """What one step attempt cost (int32 scalars, or Python ints). The Newton counters are those
+    of methods that iterate (reported in ``Solution.stats`` when the method sets
+    :attr:`AbstractIntegrator.newton_stats`)."""
 
     n_jac: Any
     n_factor: Any
@@ -26,6 +28,8 @@ class Work(NamedTuple):
     n_ir_steps: Any
     n_fallbacks: Any
     n_rhs: Any
+    n_newton_iters: Any = 0
+    n_newton_failures: Any = 0
 
 
 class Attempt(NamedTuple):
@@ -57,7 +61,18 @@ class AbstractIntegrator(abc.ABC):
 
     Implementations are frozen dataclasses (hashable: a method is part of the compiled program).
     Every hook is traced inside ``jit`` (and ``vmap``, and forward-mode autodiff).
+
+    Class attributes a method may set (the defaults suit one-step methods):
+
+    * ``lands_evenly``: when an output time or discontinuity lies between one and two steps
+      ahead, the loop takes two equal steps to it instead of a full step and a sliver (a
+      multistep method's history does not survive a sliver followed by a large step).
+    * ``newton_stats``: ``Solution.stats`` also reports ``n_newton_iters`` and
+      ``n_newton_failures`` (:class:`Work`'s Newton counters).
     """
+
+    lands_evenly: ClassVar[bool] = False
+    newton_stats: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -75,6 +90,18 @@ class AbstractIntegrator(abc.ABC):
     def init(self, problem, t0, y0, p, f0) -> Any:
         """The method's state before the first step (``f0 = rhs(t0, y0, p)``); a pytree whose
         structure every later state keeps (it is part of the loop's carry)."""
+
+    def start(self, problem, cfg, workspace, t0, y0, p, f0) -> Any:
+        """The state before the first step as the loop builds it, with the loop's settings and the
+        linear solver's workspace at hand (a method that keeps factors across steps needs their
+        structure). Default: :meth:`init`."""
+        return self.init(problem, t0, y0, p, f0)
+
+    def proposed_step(self, state) -> Any:
+        """The next step size, for a method that chooses its own (a variable-order method picks
+        step size and order together); None (the default) leaves it to the loop's controller.
+        ``state`` is the one :meth:`conclude` returned. Not consulted under ``ConstantStep``."""
+        return None
 
     @abc.abstractmethod
     def attempt(self, problem, cfg, workspace, state, t, y, h, p, t_cap) -> Attempt:
@@ -97,12 +124,20 @@ class AbstractIntegrator(abc.ABC):
 
 
 class AbstractReversibleIntegrator(AbstractIntegrator):
-    """A method whose accepted step is a differentiable function of ``(y, p)``: what the
-    checkpointed adjoint (``ds.CheckpointAdjoint``) needs to run its reverse sweep.
+    """A method whose accepted step is a differentiable function of ``(y, p)`` (and of a history
+    of its own, for a multistep method): what the checkpointed adjoint (``ds.CheckpointAdjoint``)
+    needs to run its reverse sweep.
 
     The adjoint records, every so often, the loop's state on arrival at a step and
     :meth:`checkpoint` of the method's state; it replays segments of steps from those records
-    (from :meth:`resume`) and differentiates each accepted step with :meth:`reverse_step`.
+    (from :meth:`resume`) and differentiates each accepted step with :meth:`reverse_transition`.
+
+    A one-step method implements :meth:`reverse_step` (the step as a function of ``(y, p)``) and
+    nothing more. A method whose step also reads values it carried from earlier steps (a
+    multistep method's history) declares them with :meth:`history` and :meth:`initial_history`
+    and implements :meth:`reverse_transition` instead: the reverse sweep then carries a cotangent
+    for that history as well as for ``y``. The rejected attempts before an accepted step must not
+    change what :meth:`reverse_transition` reads from the state on arrival.
     """
 
     @abc.abstractmethod
@@ -114,8 +149,29 @@ class AbstractReversibleIntegrator(AbstractIntegrator):
         """The method's state on arrival at a recorded step, from :meth:`checkpoint`'s ``saved``
         and a ``template`` state (from :meth:`init`) for everything else."""
 
-    @abc.abstractmethod
+    def history(self, state) -> Any:
+        """The values in ``state`` that an accepted step depends on differentiably besides ``y``
+        (a pytree of arrays of the compute dtype); ``()`` for a one-step method."""
+        return ()
+
+    def initial_history(self, problem, t0, y0, p) -> Any:
+        """:meth:`history` of the state before the first step, as a differentiable function of
+        ``(y0, p)`` (the reverse sweep ends with its vector-Jacobian product)."""
+        return ()
+
+    def reverse_transition(self, problem, cfg, modes, workspace, state, history, t, y, h, p, t_cap):
+        """The accepted step from ``(t, y)`` of size ``h`` as a function of ``(y, history, p)``,
+        for ``jax.vjp``: returns ``(y(t + h), history after the step)``; ``state`` is the
+        method's state on arrival (:meth:`resume` of the record) and ``cfg`` the loop's
+        settings, for everything not differentiated. Default: :meth:`reverse_step` and an empty
+        history."""
+        return self.reverse_step(problem, modes, workspace, t, y, h, p, t_cap), ()
+
     def reverse_step(self, problem, modes, workspace, t, y, h, p, t_cap):
         """The accepted step from ``(t, y)`` of size ``h`` as a function of ``(y, p)``, for
         ``jax.vjp``: returns ``y(t + h)``, recomputing what it needs (its linear solves use
-        ``custom_linear_solve`` with transposed solves in ``modes.reverse``)."""
+        ``custom_linear_solve`` with transposed solves in ``modes.reverse``). A one-step method
+        implements this; a method with a :meth:`history` implements :meth:`reverse_transition`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement reverse_step (a one-step method) or reverse_transition."
+        )

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..model import Problem
 from ._adjoint import AbstractAdjoint
+from ._auto_method import AutoMethod
 from ._checkpoint import CheckpointAdjoint
 from ._linear_solve import SolveModes
 from ._loop import ConstantStep, LoopConfig, PIController
@@ -71,7 +72,7 @@ def simulate(
     t0: float = 0.0,
     rtol: float = 1e-6,
     atol: float | Sequence[float] = 1e-9,
-    method: AbstractIntegrator = Rodas5P(),
+    method: AbstractIntegrator | AutoMethod = Rodas5P(),
     controller: PIController | ConstantStep = PIController(),
     max_steps: int = 100_000,
     h0: float | None = None,
@@ -104,8 +105,9 @@ def simulate(
             part of it: new values compile nothing, and they may be traced (``jax.jit`` over
             ``rtol``). An ``rtol`` below ``100 * eps`` of the compute dtype is raised to that
             with a :class:`~diffsoup.integrate.ToleranceWarning`.
-        method: the integrator: ``ds.Rodas5P()``, or another
-            :class:`~diffsoup.integrate.AbstractIntegrator` (``ds.integrate.ImplicitEuler()``).
+        method: the integrator: ``ds.Rodas5P()``, ``ds.BDF()`` (large sparse systems, tight
+            tolerances), another :class:`~diffsoup.integrate.AbstractIntegrator`
+            (``ds.integrate.ImplicitEuler()``), or ``ds.AutoMethod()`` (chosen from the problem).
         controller: ``PIController()`` (adaptive) or ``ConstantStep(h)``.
         max_steps: most step attempts (accepted and rejected).
         h0: first step size (None: chosen from the problem).
@@ -141,9 +143,12 @@ def simulate(
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"simulate: problem must be a built ds.Problem (spec.build()), not {type(problem).__name__}.")
+    if isinstance(method, AutoMethod):
+        method = method.choose(problem)
     if not isinstance(method, AbstractIntegrator):
         raise TypeError(
-            f"simulate: method={method!r} is not a diffsoup integrator (an AbstractIntegrator); use ds.Rodas5P()."
+            f"simulate: method={method!r} is not a diffsoup integrator (an AbstractIntegrator) or ds.AutoMethod(); "
+            "use ds.Rodas5P() or ds.BDF()."
         )
     if not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(f"simulate: adjoint={adjoint!r} must be ds.CheckpointAdjoint() or ds.ForwardMode().")
