@@ -56,19 +56,11 @@ def experiment_indices(problem: InferenceProblem, experiments: Sequence[Any] | N
 
 
 def _offset_of(problem: InferenceProblem, members: tuple[int, ...]) -> float:
-    """``problem.offset`` restricted to the experiments ``members``: the constants of their terms
-    (as packed for the programs) and the estimated-sigma shift of their measured values."""
+    """``problem.offset`` restricted to the experiments ``members`` (every noise model, per-column,
+    per-cell and function spreads included: :meth:`InferenceProblem.offset_of`)."""
     if len(members) == len(problem.study.experiments):
         return float(problem.offset)
-    keep = set(members)
-    exps = problem.study.experiments
-    total = 0.0
-    for g in problem.groups:
-        mine = [i for i in g.members if i in keep]
-        if mine:
-            total += float(np.sum(problem.pack(g, mine)["const"]))
-    shift = sum(exps[i].n_measured for i in members if isinstance(exps[i].noise.sigma, str))
-    return total - 0.5 * problem.sigma_shift * shift
+    return float(problem.offset_of(members))
 
 
 class AbstractLoweredStudy(abc.ABC):
