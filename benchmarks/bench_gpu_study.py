@@ -277,6 +277,8 @@ def main():
                         choices=["network", "sweep", "brusselator", "dask", "early"])  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
+    parser.add_argument("--grids", nargs="+", type=int, help="Brusselator grids (default 8 16)")
+    parser.add_argument("--diffrax-sizes", nargs="+", type=int, help="diffrax rows of the sweep (default 1000 10000)")
     args = parser.parse_args()
     q = args.quick
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
@@ -284,8 +286,9 @@ def main():
     runs = {
         "network": lambda *a: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]), *a),
         "sweep": lambda *a: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
-                                       [20] if q else [1000, 10000], [20] if q else [1000, 10000], *a),  # fmt: skip
-        "brusselator": lambda *a: part_brusselator(4 if q else 1000, [4] if q else [8, 16], *a),
+                                       [20] if q else [1000, 10000],
+                                       args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
+        "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
         "dask": lambda *a: part_dask(20 if q else 10000, *a),
         "early": lambda *a: part_early(40 if q else 10000, *a),
     }
