@@ -119,7 +119,10 @@ def _modes(lowered, modes=MODES, repeats=3):
     for mode in modes:
         fn = getattr(lowered, mode)
         first, per_call = _timed(lambda: fn(theta), repeats)
-        rows.append(dict(mode=mode, first_s=first, per_call_s=per_call, chunk=lowered.chunk_sizes.get(
+        # Norms of the outputs, to compare linear solvers and chunkings row by row.
+        out = fn(theta)
+        norms = [float(np.linalg.norm(np.asarray(o))) for o in (out if isinstance(out, tuple) else (out,))]
+        rows.append(dict(mode=mode, first_s=first, per_call_s=per_call, output_norms=norms, chunk=lowered.chunk_sizes.get(
             "jacobian" if mode == "residuals_and_jacobian" else mode), scratch_bytes=lowered.scratch_bytes.get(
             "jacobian" if mode == "residuals_and_jacobian" else mode)))  # fmt: skip
         _log(f"  {mode}: first {first:.2f} s, per call {per_call:.4f} s, chunks {rows[-1]['chunk']}")
