@@ -33,6 +33,7 @@ from ..integrate._tolerance import checked_rtol
 from ._multishoot import trajectory_signature, window_layout
 from ._noise import LAPLACE
 from ._solver_options import SolverOptions
+from ._experiment_arrays import dynamic_cells, pack_arrays, term_constants
 from ._study import Study, entries_by_name
 from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
     SIGMA_CELLS,
@@ -168,19 +169,32 @@ class InferenceProblem:
         # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
         self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
         self._check_objective()
-        sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
+        arrays = study.arrays
+        if arrays is not None:
+            sigma_entries = {int(i) for i in np.unique(study.array_plan.sigma_entry) if i >= 0}
+            functions = any(f is not None for f in arrays.sigma_functions)
+        else:
+            sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
+            functions = any(f is not None for e in study.experiments for f in e.sigma_functions)
         lows = [study.entries[i].parameter.lower for i in sigma_entries]
-        if any(f is not None for e in study.experiments for f in e.sigma_functions):
+        if functions:
             lows.append(FUNCTION_SIGMA_FLOOR)
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
+        if arrays is not None:
+            # Per experiment: the constant terms and the measured values of parameter or function spreads.
+            self._array_constants = np.zeros(len(arrays)) if objective == "chi2" else \
+                term_constants(arrays.data, arrays.sigma, arrays.noise_columns)  # fmt: skip
+            self._array_dynamic = dynamic_cells(arrays)
         self.offset = self.offset_of(range(len(study.experiments)))
 
     def _check_objective(self) -> None:
         if self.objective != "chi2":
             return
-        for e in self.study.experiments:
+        arrays = self.study.arrays
+        # A study of arrays has one shape: its first experiment stands for all.
+        for e in self.study.experiments if arrays is None else self.study.experiments[:1]:
             if any(c.distribution == LAPLACE for c in e.noise_columns):
                 raise ValueError(
                     f"InferenceProblem: objective='chi2' is a sum of squared normal residuals; experiment {e.id!r} has "
@@ -196,6 +210,10 @@ class InferenceProblem:
         """``value = scale * ||r||^2 + offset`` over the experiments ``members`` (study indices):
         the constants of their terms, less ``K / 2`` per measured value whose spread comes from a
         parameter or a function (the shift inside its residual)."""
+        if self.study.arrays is not None:
+            rows = np.asarray(members, dtype=np.int64)
+            constants = float(np.sum(self._array_constants[rows]))
+            return constants - 0.5 * self.sigma_shift * float(np.sum(self._array_dynamic[rows]))
         exps = self.study.experiments
         members = list(members)
         constants = float(sum(self._constant(exps[i]) for i in members))
@@ -210,7 +228,7 @@ class InferenceProblem:
         self.window_keys: dict = {}
         names, lows, highs, starts = [], [], [], []
         offset = self.n_parameters
-        shooting = [e for e in study.experiments if e.trajectory is not None]
+        shooting = [] if study.arrays is not None else [e for e in study.experiments if e.trajectory is not None]
         # Single shooting opens no store (a given one is still checked).
         cache = window_cache(window_store) if shooting or window_store is not None else None
         for e in shooting:
@@ -236,6 +254,8 @@ class InferenceProblem:
         theta = np.asarray(theta, dtype=np.float64)
         n = self.study.problem.n_states
         out = {}
+        if not self.window_offset:
+            return out
         for e in self.study.experiments:
             if e.id in self.window_offset:
                 o = self.window_offset[e.id]
@@ -299,8 +319,10 @@ class InferenceProblem:
         )  # fmt: skip
 
     def _group(self) -> tuple[Group, ...]:
-        keys: dict = {}
         study = self.study
+        if study.arrays is not None:
+            return (self._array_group(),)
+        keys: dict = {}
         for i, e in enumerate(study.experiments):
             keys.setdefault(self._signature(e, study.resolved[e.id]), []).append(i)
         out = []
@@ -320,36 +342,30 @@ class InferenceProblem:
             ))  # fmt: skip
         return tuple(out)
 
+    def _array_group(self) -> Group:
+        """The one group of a study held as arrays (one shape: observables, noise, spreads)."""
+        study, arrays = self.study, self.study.arrays
+        E, m, k = arrays.shape
+        functions = arrays.sigma_functions if any(f is not None for f in arrays.sigma_functions) else ()
+        steady = _steady_state(None) if np.isposinf(arrays.times[:, -1]).any() else None
+        return Group(
+            arrays.observables, tuple(c.kind for c in arrays.noise_columns),
+            SIGMA_ENTRY if arrays.sigma_name is not None else SIGMA_FIXED, k, m, range(E),
+            observables_take_time=arrays.observables_take_time, sigma_functions=functions, steady_state=steady,
+        )  # fmt: skip
+
     def _constant(self, e) -> float:
         """The experiment's ``nll`` terms that no parameter changes (``log 2 pi``, known spreads, data)."""
         if self.objective == "chi2":
             return 0.0
-        mask = np.isfinite(e.data)
-        laplace = np.array([c.distribution == LAPLACE for c in e.noise_columns])
-        bases = [c.log_base for c in e.noise_columns]
-        n_laplace = int(np.sum(mask[:, laplace]))
-        c = 0.5 * math.log(2 * math.pi) * (e.n_measured - n_laplace)
-        if n_laplace:
-            c += math.log(2.0) * n_laplace
-        if e.sigma is not None:
-            c += float(np.sum(np.log(e.sigma[mask])))
-        else:
-            known = mask & np.isfinite(e.sigma_values)
-            if np.any(known):
-                c += float(np.sum(np.log(e.sigma_values[known])))
-        logs = np.array([b is not None for b in bases])
-        if logs.all():
-            c += float(np.sum(np.log(e.data[mask])))
-        elif logs.any():
-            c += float(np.sum(np.log(e.data[mask & logs[None, :]])))
-        for j, b in enumerate(bases):
-            if b is not None and b != math.e:
-                c += math.log(math.log(b)) * int(np.sum(mask[:, j]))
-        return c
+        sigma = e.sigma if e.sigma is not None else e.sigma_values
+        return float(term_constants(e.data[None], sigma[None], e.noise_columns)[0])
 
     def pack(self, group: Group, order: Sequence[int]) -> dict:
         """Arrays of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
         study = self.study
+        if study.arrays is not None:
+            return pack_arrays(study, study.array_plan, self._array_constants, group.members, order)
         n_lanes, m, k = len(order), group.n_times, group.k
         pad_source = group.members[0]
         n_par = len(study.problem.parameter_names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Mapping, Sequence
@@ -9,6 +10,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ._experiment import Experiment
+from ._experiment_arrays import ExperimentArrays, ExperimentViews, check_levels, resolve_arrays
+from ._noise import Gaussian
 
 SCALES = ("lin", "log", "log10")
 EXPERIMENT_LEVEL = "experiment"
@@ -161,25 +164,25 @@ class Study:
         *,
         levels: Sequence[str] = (),
     ):
-        from ..model import Problem, ProblemSpec, ReactionNetwork
-
-        if isinstance(problem, ReactionNetwork):
-            problem = problem.to_spec()
-        if isinstance(problem, ProblemSpec):
-            problem = problem.build()
-        if not isinstance(problem, Problem):
-            raise TypeError(f"Study: problem must be a ds.Problem (spec.build()), not {type(problem).__name__}.")
+        problem = problem_of(problem)
         self.problem = problem
-        self.experiments = tuple(experiments)
-        if not self.experiments:
+        # A study held as arrays (Study.from_arrays / from_table) keeps no object per experiment.
+        self.arrays = experiments if isinstance(experiments, ExperimentArrays) else None
+        if self.arrays is not None:
+            self.experiments = ExperimentViews(self.arrays)
+        else:
+            self.experiments = tuple(experiments)
+        if not len(self.experiments):
             raise ValueError("Study: experiments is empty; a study needs at least one experiment.")
-        for e in self.experiments:
-            if not isinstance(e, Experiment):
-                raise TypeError(f"Study: experiments must be ds.Experiment objects, got {type(e).__name__}.")
-        ids = [e.id for e in self.experiments]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"Study: duplicate experiment ids {dup}; ids must be unique.")
+        if self.arrays is None:
+            for e in self.experiments:
+                if not isinstance(e, Experiment):
+                    raise TypeError(f"Study: experiments must be ds.Experiment objects, got {type(e).__name__}.")
+            ids = [e.id for e in self.experiments]
+            counts = collections.Counter(ids)
+            dup = sorted(i for i, c in counts.items() if c > 1)
+            if dup:
+                raise ValueError(f"Study: duplicate experiment ids {dup}; ids must be unique.")
         self.parameters = tuple(parameters)
         for p in self.parameters:
             if not isinstance(p, Parameter):
@@ -197,12 +200,125 @@ class Study:
                     f"Study: Parameter {p.name!r} has level={p.level!r}, not one of the study's levels "
                     f"{self.levels} (or 'experiment')."
                 )
-        self._check_levels()
+        if self.arrays is None:
+            self._check_levels()
+        else:
+            check_levels(self.arrays, self.levels)
         self.table = {p.name: p for p in self.parameters}
         self.entries = self._expand()
         self.entry_names = tuple(e.name for e in self.entries)
         self.entry_index = {n: i for i, n in enumerate(self.entry_names)}
-        self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+        if self.arrays is None:
+            self.array_plan = None
+            self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+        else:
+            self.array_plan = resolve_arrays(self)
+            self.resolved = _LazyResolved(self)
+            self._check_array_functions()
+
+    @classmethod
+    def from_arrays(
+        cls,
+        problem: Any,
+        times: Any,
+        data: Any,
+        *,
+        parameters: Sequence[Parameter],
+        ids: Any = None,
+        y0: Any = None,
+        conditions: Mapping[str, Any] | None = None,
+        noise: Any = None,
+        groups: Mapping[str, Any] | None = None,
+        levels: Sequence[str] | None = None,
+        observables: Any = None,
+        t0: Any = 0.0,
+    ) -> "Study":
+        """A study of many experiments of one shape given as arrays with a leading experiment axis.
+
+        The study holds the arrays (no ``Experiment`` object per experiment): lowering packs chunks
+        from them by indexing, and ``study.experiments[i]`` builds an ``Experiment`` view of row
+        ``i``. NumPy arrays are kept as given (float64, no copy); Dask and Zarr arrays are read
+        chunk by chunk along the experiment axis into NumPy.
+
+        Args:
+            problem: the model (as for ``Study``).
+            times: measurement times ``(m,)`` shared by all experiments, or ``(E, m)``; NaN at the
+                end of a row pads an experiment with fewer times (its data there must be NaN);
+                ``+inf`` at the end measures the steady state.
+            data: measured values ``(E, m, k)`` (``(E, m)`` reads as ``k = 1``), NaN where missing.
+            parameters: the parameter table (``ds.inference.Parameter`` rows).
+            ids: ``(E,)`` unique experiment ids (default ``"0"``, ``"1"``, ...).
+            y0: None (the model's), ``(n,)``, ``(E, n)``, or a mapping state name -> a number or
+                ``(E,)`` values overriding the model's ``y0``.
+            conditions: model parameter name -> a number or ``(E,)`` fixed values; NaN leaves that
+                experiment's value to the parameter table (or the model's default).
+            noise: one noise model for all columns (default ``Gaussian()``) or one per column; its
+                spread a number, an array broadcastable to ``(E, m, k)`` (per column: ``(E, m)``),
+                one study parameter's name, or a callable (as for ``Experiment``).
+            groups: level name -> ``(E,)`` member names.
+            levels: the study's levels, outermost first (default: the keys of ``groups``).
+            observables: the observables function shared by all experiments (None: every state).
+            t0: initial time, a number or ``(E,)``.
+
+        Raises:
+            ValueError: naming the experiment (id and row) and the field, with the fix: Inf or no
+                data, times out of order or before ``t0``, non-positive spreads, unknown condition
+                or state names, a level member in two outer members, shapes that do not match.
+        """
+        from ._experiment_arrays import experiment_arrays
+
+        problem = problem_of(problem)
+        arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conditions,
+                                   noise=Gaussian() if noise is None else noise, groups=groups,
+                                   observables=observables, t0=t0)  # fmt: skip
+        return cls(problem, arrays, parameters, levels=tuple(groups or ()) if levels is None else levels)
+
+    @classmethod
+    def from_table(cls, problem: Any, table: Any, *, parameters: Sequence[Parameter], **options: Any) -> "Study":
+        """A study of the experiments of a long-format table, one row per measured value (see
+        :func:`diffsoup.inference.study_table.study_arrays_of_table` for the columns and options);
+        held as arrays, as :meth:`from_arrays`.
+
+        Args:
+            problem: the model.
+            table: a pandas ``DataFrame``, a pyarrow ``Table``, or the path of a Parquet or CSV file.
+            parameters: the parameter table.
+            **options: column names and ``noise``, ``observables``, ``y0``, ``t0``, ``levels``.
+
+        Raises:
+            ValueError: naming the row, the experiment id and the column at fault.
+        """
+        from ._study_table import study_arrays_of_table
+
+        problem = problem_of(problem)
+        arrays, levels = study_arrays_of_table(problem, table, **options)
+        return cls(problem, arrays, parameters, levels=levels)
+
+    @property
+    def ids(self) -> tuple:
+        """The experiment ids in study order."""
+        if self.arrays is not None:
+            return tuple(self.arrays.ids.tolist())
+        return tuple(e.id for e in self.experiments)
+
+    def index_of(self, experiment_id: str) -> int | None:
+        """The study index of an experiment id (None if unknown)."""
+        if self.arrays is not None:
+            return self.arrays.index_of(experiment_id)
+        if getattr(self, "_id_index", None) is None:
+            self._id_index = {e.id: i for i, e in enumerate(self.experiments)}
+        return self._id_index.get(experiment_id)
+
+    def _check_array_functions(self) -> None:
+        """Trace the shared observables and callables once (the count of observables, shapes)."""
+        view = self.arrays.experiment(0)
+        k = self._observable_count(view)
+        if k != self.arrays.shape[2]:
+            raise ValueError(
+                f"Study: data has {self.arrays.shape[2]} observable column(s); the observables give {k} value(s) per "
+                f"time, so data must be (experiments, times, {k})."
+            )  # fmt: skip
+        self._check_functions(view, {"k": k, "y0_function": None, "pre": None, "observable_plan": ()})
 
     # -- construction helpers -------------------------------------------------------------------
     def _check_levels(self):
@@ -226,9 +342,11 @@ class Study:
     def members(self, level: str) -> tuple[str, ...]:
         """Members of a level (or the experiment ids for ``"experiment"``), in order of first appearance."""
         if level == EXPERIMENT_LEVEL:
-            return tuple(e.id for e in self.experiments)
+            return self.ids
         if level not in self.levels:
             raise ValueError(f"Study: unknown level {level!r}; levels are {self.levels}.")
+        if self.arrays is not None:
+            return self.arrays.groups[level][1]
         return tuple(dict.fromkeys(e.groups[level] for e in self.experiments))
 
     def _expand(self):
@@ -489,7 +607,12 @@ class Study:
 
     # -- use ------------------------------------------------------------------------------------
     def replace(self, *, experiments: Sequence[Experiment]) -> "Study":
-        """The same study with other experiments (e.g. reordered)."""
+        """The same study with other experiments (e.g. reordered); views of this study's arrays
+        (``study.experiments[i]``) stay arrays."""
+        if self.arrays is not None and not isinstance(experiments, ExperimentArrays):
+            sources = [getattr(e, "_array_source", (None, None)) for e in experiments]
+            if sources and all(a is self.arrays for a, _ in sources):
+                experiments = self.arrays.take([i for _, i in sources])
         return Study(self.problem, experiments, self.parameters, levels=self.levels)
 
     def nominal_values(self) -> np.ndarray:
@@ -504,6 +627,39 @@ class Study:
             f"Study({self.problem.spec.name!r}, experiments={len(self.experiments)}, "
             f"parameters={len(self.entries)}, levels={self.levels})"
         )
+
+
+def problem_of(problem: Any) -> Any:
+    """A built ``ds.Problem`` of a problem, spec or reaction network."""
+    from ..model import Problem, ProblemSpec, ReactionNetwork
+
+    if isinstance(problem, ReactionNetwork):
+        problem = problem.to_spec()
+    if isinstance(problem, ProblemSpec):
+        problem = problem.build()
+    if not isinstance(problem, Problem):
+        raise TypeError(f"Study: problem must be a ds.Problem (spec.build()), not {type(problem).__name__}.")
+    return problem
+
+
+class _LazyResolved(Mapping):
+    """``study.resolved`` of a study held as arrays: an experiment's resolution, computed from its
+    view when asked for (lowering reads ``study.array_plan`` instead)."""
+
+    def __init__(self, study: Study):
+        self._study = study
+
+    def __getitem__(self, experiment_id: str) -> dict:
+        i = self._study.index_of(experiment_id)
+        if i is None:
+            raise KeyError(experiment_id)
+        return self._study._resolve(self._study.experiments[i])
+
+    def __iter__(self):
+        return iter(self._study.ids)
+
+    def __len__(self) -> int:
+        return len(self._study.experiments)
 
 
 def entries_by_name(study: Study, values: Mapping[str, float] | None) -> np.ndarray:
