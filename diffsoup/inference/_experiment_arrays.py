@@ -159,7 +159,10 @@ class ExperimentArrays:
         """Row ``i`` as an ``Experiment`` (the same numbers; padded times dropped)."""
         E = len(self)
         m = int(self.n_times[i]) if self.n_times is not None else self.times.shape[1]
-        sigma = None if self.sigma is None else np.broadcast_to(self.sigma, self.data.shape)[i, :m]
+        sigma = None
+        if self.sigma is not None:  # an Experiment wants a spread in every cell, measured or not
+            sigma = np.broadcast_to(self.sigma, self.data.shape)[i, :m]
+            sigma = np.where(np.isnan(sigma), 1.0, sigma)
         if isinstance(self.noise, AbstractNoise):
             noise = self.noise if sigma is None else _with_spread(self.noise, sigma)
         else:
