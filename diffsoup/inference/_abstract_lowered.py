@@ -20,6 +20,7 @@ import numpy as np
 
 from ._parts import EVALUATION_MODES, AbstractPart
 from ._problem import InferenceProblem
+from ._terms import member_array
 
 
 def experiment_indices(problem: InferenceProblem, experiments: Sequence[Any] | None) -> tuple[int, ...]:
@@ -62,13 +63,6 @@ def _offset_of(problem: InferenceProblem, members: tuple[int, ...]) -> float:
     if len(members) == len(problem.study.experiments):
         return float(problem.offset)
     return float(problem.offset_of(members))
-
-
-def member_array(members: Sequence[int]) -> np.ndarray:
-    """Study indices as an int64 array (a ``range``, a group of a study of arrays, without a loop)."""
-    if isinstance(members, range):
-        return np.arange(members.start, members.stop, members.step, dtype=np.int64)
-    return np.asarray(members, dtype=np.int64)
 
 
 class ResidualSlices(Mapping):

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy, experiment_indices, member_array
+from ._abstract_lowered import AbstractLoweredStudy, experiment_indices
 from ._parts import (
     EVALUATION_MODES,
     AbstractPart,
@@ -78,6 +78,7 @@ from ._parts import (
 )
 from ._problem import InferenceProblem, LaneTerms, SolverOptions
 from ._study import Study
+from ._terms import member_array
 
 # The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")

@@ -44,11 +44,14 @@ from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector
     Preequilibrated,
     TermOperands,
     full_vector,
+    member_array,
 )
 from ._window_cache import WindowCache, window_cache
 from ._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
+# Experiments solved together by predict (a chunk's program is compiled once per group and size).
+PREDICT_LANES = 4096
 # The smallest spread a sigma function is expected to give: it sets the shift ``K`` of the residuals
 # ``sqrt(2 log sigma + K)`` (no bounds are known for a function's value; below
 # ``FUNCTION_SIGMA_FLOOR / sqrt(e)`` the residual is clipped at 0 and the identity with the value fails).
@@ -494,6 +497,32 @@ class InferenceProblem:
         """The observables ``(m, k)`` of one experiment's states ``ys`` (:meth:`LaneTerms.observe`)."""
         return self.terms(group).observe(full, a, ys)
 
+    def _predicted_chunks(self, group: Group, theta, points: int = 0):
+        """``(rows, states, observables, status, curve_times, curve)`` of the group's experiments,
+        ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape)."""
+        import jax
+
+        ops = self.operands()
+        run = _prediction_program()
+        terms = self.terms(group)
+        members = member_array(group.members)
+        lanes = min(PREDICT_LANES, members.size)
+        for a in range(0, members.size, lanes):
+            rows = members[a : a + lanes]
+            order = np.full(lanes, -1, dtype=np.int64)
+            order[: rows.size] = rows
+            arrs = self.pack(group, order)
+            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
+            curve_t = curve = None
+            if points > 0 and not group.windows:
+                # From t0 to the last finite time (+inf times are the steady state, not on the curve).
+                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
+                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
+                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
+                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
+                curve_t, curve = dense["times"][: rows.size], curve[: rows.size]
+            yield rows, ys[: rows.size], hs[: rows.size], status[: rows.size], curve_t, curve
+
     def predict(self, theta, *, points: int = 0) -> dict:
         """What the model says at ``theta``, experiment by experiment (for results and plots).
 
@@ -505,41 +534,61 @@ class InferenceProblem:
         Returns:
             id -> ``{"times" (m,), "states" (m, n), "observables" (m, k), "status" (int: a
             ``ds.Status`` code)[, "curve_times" (points,), "curve" (points, k)]}``; the values of a
-            failed solve are NaN.
+            failed solve are NaN. (A study held as arrays: :meth:`predict_arrays` gives the same
+            numbers as arrays with an experiment axis.)
         """
-        import jax
-
         theta = np.asarray(theta, dtype=np.float64)
-        ops = self.operands()
-        run = _prediction_program()
+        arrays = self.study.arrays
+        ids = self.study.ids
         out = {}
         for group in self.groups:
-            arrs = self.pack(group, list(group.members))
-            terms = self.terms(group)
-            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
-            curve_t = curve = None
-            if points > 0 and not group.windows:
-                # From t0 to the last finite time (+inf times are the steady state, not on the curve).
-                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
-                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
-                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
-                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
-                curve_t = dense["times"]
-            for lane, i in enumerate(group.members):
-                e = self.study.experiments[i]
-                m = e.times.shape[0]
-                failed = int(status[lane]) != 0
-                rec = {"times": e.times.copy(), "states": np.array(ys[lane, :m], dtype=np.float64),
-                       "observables": np.array(hs[lane, :m], dtype=np.float64), "status": int(status[lane])}  # fmt: skip
-                if curve is not None:
-                    rec["curve_times"] = np.array(curve_t[lane], dtype=np.float64)
-                    rec["curve"] = np.array(curve[lane], dtype=np.float64)
-                if failed:
-                    for key in ("states", "observables", "curve"):
-                        if key in rec:
-                            rec[key][:] = np.nan
-                out[e.id] = rec
+            for rows, ys, hs, status, curve_t, curve in self._predicted_chunks(group, theta, points):
+                for lane, i in enumerate(rows.tolist()):
+                    if arrays is None:
+                        times = self.study.experiments[i].times
+                    else:
+                        times = arrays.times[i, : (arrays.n_times[i] if arrays.n_times is not None else arrays.shape[1])]
+                    m = times.shape[0]
+                    failed = int(status[lane]) != 0
+                    rec = {"times": np.array(times, dtype=np.float64), "states": np.array(ys[lane, :m], dtype=np.float64),
+                           "observables": np.array(hs[lane, :m], dtype=np.float64), "status": int(status[lane])}  # fmt: skip
+                    if curve is not None:
+                        rec["curve_times"] = np.array(curve_t[lane], dtype=np.float64)
+                        rec["curve"] = np.array(curve[lane], dtype=np.float64)
+                    if failed:
+                        for key in ("states", "observables", "curve"):
+                            if key in rec:
+                                rec[key][:] = np.nan
+                    out[ids[i]] = rec
         return out
+
+    def predict_arrays(self, theta) -> dict:
+        """:meth:`predict` of a study held as arrays, as arrays with an experiment axis: ``states``
+        ``(E, m, n)``, ``observables`` ``(E, m, k)`` (NaN for a failed solve and at padded times),
+        ``status`` ``(E,)``.
+
+        Raises:
+            ValueError: for a study of ``Experiment`` objects (use :meth:`predict`).
+        """
+        arrays = self.study.arrays
+        if arrays is None:
+            raise ValueError("predict_arrays: the study holds Experiment objects; use predict().")
+        theta = np.asarray(theta, dtype=np.float64)
+        E, m, k = arrays.shape
+        states = np.full((E, m, self.study.problem.n_states), np.nan)
+        observables = np.full((E, m, k), np.nan)
+        status = np.zeros(E, dtype=np.int32)
+        for group in self.groups:
+            for rows, ys, hs, st, _, _ in self._predicted_chunks(group, theta):
+                ok = np.asarray(st) == 0
+                states[rows[ok]] = ys[ok]
+                observables[rows[ok]] = hs[ok]
+                status[rows] = st
+        if arrays.n_times is not None:
+            padded = np.arange(m)[None, :] >= arrays.n_times[:, None]
+            states[padded] = np.nan
+            observables[padded] = np.nan
+        return {"states": states, "observables": observables, "status": status}
 
     def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
         """One experiment's term (:meth:`LaneTerms.lane` with this problem's operands)."""

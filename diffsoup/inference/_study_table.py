@@ -52,9 +52,13 @@ def _constant_per_experiment(df, values: np.ndarray, ids, codes, first: np.ndarr
     same = (mine == values) | (_isnan(mine) & _isnan(values))
     if not same.all():
         raise _row_error(df, ~same, ids, codes, column,
-                         f"{values[int(np.argmax(~same))]!r} differs from the experiment's first row "
-                         f"({mine[int(np.argmax(~same))]!r}); a {column!r} value holds for a whole experiment.")  # fmt: skip
+                         f"{_shown(values[int(np.argmax(~same))])} differs from the experiment's first row "
+                         f"({_shown(mine[int(np.argmax(~same))])}); a {column!r} value holds for a whole experiment.")  # fmt: skip
     return per
+
+
+def _shown(x: Any) -> str:
+    return repr(x.item() if isinstance(x, np.generic) else x)
 
 
 def _isnan(x: np.ndarray) -> np.ndarray:
@@ -150,7 +154,7 @@ def study_arrays_of_table(
         observable_names = problem.state_names if observables is None else \
             tuple(pd.unique(df[observable].astype(str)))  # fmt: skip
     observable_names = [str(x) for x in observable_names]
-    obs = pd.Categorical(df[observable].astype(str), categories=observable_names).codes.astype(np.int64)
+    obs = pd.Index(observable_names).get_indexer(df[observable].astype(str)).astype(np.int64)
     unknown = obs < 0
     if unknown.any():
         name = df[observable].iloc[int(np.argmax(unknown))]
