@@ -216,6 +216,13 @@ def test_table_files_and_replicates(studies, tmp_path):
     table.to_csv(path, index=False)
     study = ds.Study.from_table(objects.problem, path, conditions=["k3"], y0={"A": "A0"}, parameters=objects.parameters)
     assert ds.lower(study).value(THETA) == pytest.approx(ds.lower(objects).value(THETA), rel=RTOL)
+    # Wide: one row per time, a column per observable and its spread ("sigma:<observable>").
+    wide = pd.DataFrame([dict(experiment=e.id, time=t, k3=e.conditions.get("k3", np.nan), A0=e.y0["A"],
+                              **{n: e.data[i, j] for j, n in enumerate("ABC")}, **{f"sigma:{n}": 0.02 for n in "ABC"})
+                         for e in objects.experiments for i, t in enumerate(e.times)])  # fmt: skip
+    wide = wide.sample(frac=1.0, random_state=2)
+    study = ds.Study.from_table(objects.problem, wide, conditions=["k3"], y0={"A": "A0"}, parameters=objects.parameters)
+    assert ds.lower(study).value(THETA) == pytest.approx(ds.lower(objects).value(THETA), rel=RTOL)
     # A replicate (same experiment, time and observable) gets a time row of its own.
     twice = pd.concat([table, table[table["experiment"] == "e1"]], ignore_index=True)
     study = ds.Study.from_table(objects.problem, twice, conditions=["k3"], y0={"A": "A0"}, parameters=objects.parameters)

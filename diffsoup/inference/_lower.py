@@ -366,7 +366,7 @@ class LoweredStudy(AbstractLoweredStudy):
         self._chunks: dict = {}
         self._device_operands = None
         self._blocks = [device_blocks(mine, self.n_devices) for mine in members]
-        if layout.balance_steps and D > 1:
+        if layout.balance_steps and self.n_devices > 1:
             self.balance()
 
     def restrict(self, experiments: Sequence[int | str]) -> "LoweredStudy":

@@ -490,9 +490,9 @@ class Study:
         ``sigma_entry`` (the one entry of a single named spread, as ``noise.sigma="name"``, else -1)."""
         entries = np.full(e.data.shape, -1, dtype=np.int64)
         shared = not isinstance(e.noise, (list, tuple))
-        for (i, j), name in np.ndenumerate(e.sigma_names):
-            if name is None:
-                continue
+        named = np.not_equal(e.sigma_names, None)
+        for i, j in zip(*np.nonzero(named)):
+            name = e.sigma_names[i, j]
             model = e.noise_columns[j]
             label = f"noise.{model.spread_field}" if shared else f"noise[{j}].{model.spread_field}"
             if name not in self.table:
@@ -541,6 +541,11 @@ class Study:
 
         prob = self.problem
         n, k = prob.n_states, resolved["k"]
+        has_functions = (resolved["y0_function"] is not None or (resolved["pre"] or {}).get("y0_function") is not None
+                         or any(f is not None for f in e.sigma_functions) or callable(e.discontinuities)
+                         or any(callable(r.time) for r in e.resets))  # fmt: skip
+        if not has_functions:  # nothing to trace (most experiments): skip building the shapes
+            return
         p = {name: jax.ShapeDtypeStruct((), prob.dtype) for name in prob.parameter_names}
         po = dict(p, **{name: jax.ShapeDtypeStruct((), prob.dtype) for name, _ in resolved["observable_plan"]})
         scalar = jax.ShapeDtypeStruct((), prob.dtype)
@@ -584,6 +589,15 @@ class Study:
         prob = self.problem
         if e.observables is None:
             return prob.n_states
+        # Experiments sharing an observables function (and its parameters' names) trace it once.
+        key = (e.observables, e.observables_take_time, tuple(sorted(e.observable_parameters)))
+        cache = self.__dict__.setdefault("_observable_counts", {})
+        if key not in cache:
+            cache[key] = self._traced_observable_count(e)
+        return cache[key]
+
+    def _traced_observable_count(self, e: Experiment) -> int:
+        prob = self.problem
         import jax
         import jax.numpy as jnp
 

@@ -121,8 +121,15 @@ def study_arrays_of_table(
     df = read_table(table)
     conditions = dict(conditions) if isinstance(conditions, Mapping) else {c: c for c in conditions}
     groups = dict(groups) if isinstance(groups, Mapping) else {c: c for c in groups}
+    # Wide: no observable and value columns, one column per observable (and "sigma:<observable>").
+    wide = observable not in df.columns and value not in df.columns
+    if wide and observable_names is None and observables is None:
+        observable_names = problem.state_names  # every state; a state without a column is not measured
+    if wide and not any(c in df.columns for c in observable_names or ()):
+        raise ValueError(f"{WHO}: the table has neither {observable!r} and {value!r} columns (long format) nor columns "
+                         "named by the observables (wide format: give observable_names=).")  # fmt: skip
     use_sigma = sigma is not None and sigma in df.columns
-    needed = [experiment, time, observable, value, *conditions.values(), *groups.values()]
+    needed = [experiment, time, *([] if wide else [observable, value]), *conditions.values(), *groups.values()]
     needed += [condition] if condition is not None else []
     missing = [c for c in needed if c not in df.columns]
     if missing:
@@ -145,56 +152,14 @@ def study_arrays_of_table(
     early = t < t0
     if early.any():
         raise _row_error(df, early, ids, codes, time, f"time {t[int(np.argmax(early))]} is before t0={t0}.")
-    v = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=np.float64)
-    inf = np.isinf(v)
-    if inf.any():
-        raise _row_error(df, inf, ids, codes, value, f"{v[int(np.argmax(inf))]} is not finite; measured values are "
-                         "finite (NaN: missing).")  # fmt: skip
-    if observable_names is None:
-        observable_names = problem.state_names if observables is None else \
-            tuple(pd.unique(df[observable].astype(str)))  # fmt: skip
-    observable_names = [str(x) for x in observable_names]
-    obs = pd.Index(observable_names).get_indexer(df[observable].astype(str)).astype(np.int64)
-    unknown = obs < 0
-    if unknown.any():
-        name = df[observable].iloc[int(np.argmax(unknown))]
-        raise _row_error(df, unknown, ids, codes, observable, f"unknown observable {name!r}; the observables are "
-                         f"{observable_names[:10]}{'...' if len(observable_names) > 10 else ''} (observable_names=).")  # fmt: skip
-    k = len(observable_names)
-    s = None
-    if use_sigma:
-        s = pd.to_numeric(df[sigma], errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.isfinite(v) & ~(np.isfinite(s) & (s > 0))
-        if bad.any():
-            raise _row_error(df, bad, ids, codes, sigma, f"{s[int(np.argmax(bad))]} is not a positive, finite spread; "
-                             "give one for every measured value.")  # fmt: skip
-    # Rows by (experiment, time, replicate, observable): a time row per (time, replicate).
-    order = np.lexsort((obs, t, codes))
-    e_s, t_s, o_s = codes[order], t[order], obs[order]
-    new_cell = np.ones(order.size, dtype=bool)
-    new_cell[1:] = (e_s[1:] != e_s[:-1]) | (t_s[1:] != t_s[:-1]) | (o_s[1:] != o_s[:-1])
-    cell_start = np.maximum.accumulate(np.where(new_cell, np.arange(order.size), 0))
-    rep = np.arange(order.size) - cell_start
-    order2 = np.lexsort((o_s, rep, t_s, e_s))
-    order, e_s, t_s, o_s, rep = order[order2], e_s[order2], t_s[order2], o_s[order2], rep[order2]
-    new_slot = np.ones(order.size, dtype=bool)
-    new_slot[1:] = (e_s[1:] != e_s[:-1]) | (t_s[1:] != t_s[:-1]) | (rep[1:] != rep[:-1])
-    slot_id = np.cumsum(new_slot) - 1
-    new_exp = np.ones(order.size, dtype=bool)
-    new_exp[1:] = e_s[1:] != e_s[:-1]
-    exp_first_slot = np.zeros(E, dtype=np.int64)
-    exp_first_slot[e_s[new_exp]] = slot_id[new_exp]
-    slot = slot_id - exp_first_slot[e_s]
-    m = int(slot.max()) + 1
-    times = np.full((E, m), np.nan)
-    times[e_s, slot] = t_s
-    data = np.full((E, m, k), np.nan)
-    data[e_s, slot, o_s] = v[order]
+    if wide:
+        times, data, cells = _pivot_wide(df, codes, ids, t, [str(x) for x in observable_names])
+    else:
+        times, data, cells = _pivot_long(df, codes, ids, t, observable, value, sigma if use_sigma else None,
+                                         observable_names, observables, problem)  # fmt: skip
     if noise is None:
         noise = Gaussian()
-    if use_sigma:
-        cells = np.full((E, m, k), np.nan)
-        cells[e_s, slot, o_s] = s[order]
+    if cells is not None:
         noise = _with_table_spread(noise, cells)
     conds = {}
     for name, column in conditions.items():
@@ -217,6 +182,116 @@ def study_arrays_of_table(
     arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conds, noise=noise, groups=members,
                                observables=observables, t0=t0, who=WHO)  # fmt: skip
     return arrays, tuple(members) if levels is None else tuple(levels)
+
+
+def _slots(codes: np.ndarray, keys: tuple, E: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows sorted by experiment then ``keys`` (lexsort order, last most significant): ``(order,
+    slot)`` with slot the time row of each sorted row within its experiment (a new slot where any
+    key changes), and the most slots of an experiment."""
+    order = np.lexsort(keys + (codes,))
+    e_s = codes[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = e_s[1:] != e_s[:-1]
+    for key in keys:
+        k_s = key[order]
+        new[1:] |= k_s[1:] != k_s[:-1]
+    slot_id = np.cumsum(new) - 1
+    first_slot = np.zeros(E, dtype=np.int64)
+    starts = np.ones(order.size, dtype=bool)
+    starts[1:] = e_s[1:] != e_s[:-1]
+    first_slot[e_s[starts]] = slot_id[starts]
+    slot = slot_id - first_slot[e_s]
+    return order, slot, int(slot.max()) + 1
+
+
+def _pivot_wide(df, codes, ids, t, names):
+    """``(times, data, spreads or None)`` of a wide table: each row one time of one experiment."""
+    import pandas as pd
+
+    E = ids.size
+    row = np.arange(codes.size)
+    order, slot, m = _slots(codes, (row, t), E)  # each row its own time row, in time order
+    e_s = codes[order]
+    times = np.full((E, m), np.nan)
+    times[e_s, slot] = t[order]
+    values = np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
+                       else np.full(codes.size, np.nan) for c in names], axis=1)  # fmt: skip
+    inf = np.isinf(values)
+    if inf.any():
+        r, j = (int(x) for x in np.argwhere(inf)[0])
+        raise _row_error(df, inf.any(axis=1), ids, codes, names[j], f"{values[r, j]} is not finite; measured values "
+                         "are finite (empty or NaN: missing).")  # fmt: skip
+    data = np.full((E, m, len(names)), np.nan)
+    data[e_s, slot] = values[order]
+    sigma_columns = [f"sigma:{c}" for c in names]
+    cells = None
+    if any(c in df.columns for c in sigma_columns):
+        spreads = np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
+                            else np.full(codes.size, np.nan) for c in sigma_columns], axis=1)  # fmt: skip
+        given = np.array([c in df.columns for c in sigma_columns]) | np.all(np.isnan(values), axis=0)
+        bad = np.isfinite(values) & given[None, :] & ~(np.isfinite(spreads) & (spreads > 0))
+        if bad.any():
+            r, j = (int(x) for x in np.argwhere(bad)[0])
+            raise _row_error(df, bad.any(axis=1), ids, codes, sigma_columns[j], f"{spreads[r, j]} is not a positive, "
+                             "finite spread; give one for every measured value.")  # fmt: skip
+        if not given.all():
+            missing = [c for c in sigma_columns if c not in df.columns]
+            raise ValueError(f"{WHO}: the table gives spreads for some observables only; add {missing} (or drop the "
+                             "sigma: columns to use the noise model's).")  # fmt: skip
+        cells = np.full((E, m, len(names)), np.nan)
+        cells[e_s, slot] = spreads[order]
+    return times, data, cells
+
+
+def _pivot_long(df, codes, ids, t, observable, value, sigma, observable_names, observables, problem):
+    """``(times, data, spreads or None)`` of a long table: each row one value; a replicate (same
+    experiment, time and observable) gets a time row of its own."""
+    import pandas as pd
+
+    E = ids.size
+    v = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=np.float64)
+    inf = np.isinf(v)
+    if inf.any():
+        raise _row_error(df, inf, ids, codes, value, f"{v[int(np.argmax(inf))]} is not finite; measured values are "
+                         "finite (NaN: missing).")  # fmt: skip
+    if observable_names is None:
+        observable_names = problem.state_names if observables is None else \
+            tuple(pd.unique(df[observable].astype(str)))  # fmt: skip
+    observable_names = [str(x) for x in observable_names]
+    obs = pd.Index(observable_names).get_indexer(df[observable].astype(str)).astype(np.int64)
+    unknown = obs < 0
+    if unknown.any():
+        name = df[observable].iloc[int(np.argmax(unknown))]
+        raise _row_error(df, unknown, ids, codes, observable, f"unknown observable {name!r}; the observables are "
+                         f"{observable_names[:10]}{'...' if len(observable_names) > 10 else ''} (observable_names=).")  # fmt: skip
+    k = len(observable_names)
+    s = None
+    if sigma is not None:
+        s = pd.to_numeric(df[sigma], errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.isfinite(v) & ~(np.isfinite(s) & (s > 0))
+        if bad.any():
+            raise _row_error(df, bad, ids, codes, sigma, f"{s[int(np.argmax(bad))]} is not a positive, finite spread; "
+                             "give one for every measured value.")  # fmt: skip
+    # The replicate number of each row among the rows of its (experiment, time, observable).
+    order = np.lexsort((obs, t, codes))
+    e_s, t_s, o_s = codes[order], t[order], obs[order]
+    new_cell = np.ones(order.size, dtype=bool)
+    new_cell[1:] = (e_s[1:] != e_s[:-1]) | (t_s[1:] != t_s[:-1]) | (o_s[1:] != o_s[:-1])
+    cell_start = np.maximum.accumulate(np.where(new_cell, np.arange(order.size), 0))
+    rep = np.empty(order.size, dtype=np.int64)
+    rep[order] = np.arange(order.size) - cell_start
+    # A time row per (time, replicate) of each experiment.
+    order, slot, m = _slots(codes, (rep, t), E)
+    e_s = codes[order]
+    times = np.full((E, m), np.nan)
+    times[e_s, slot] = t[order]
+    data = np.full((E, m, k), np.nan)
+    data[e_s, slot, obs[order]] = v[order]
+    cells = None
+    if s is not None:
+        cells = np.full((E, m, k), np.nan)
+        cells[e_s, slot, obs[order]] = s[order]
+    return times, data, cells
 
 
 def _with_table_spread(noise: Any, cells: np.ndarray) -> Any:
