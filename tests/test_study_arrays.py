@@ -264,3 +264,68 @@ def test_true_parameters_fit_from_arrays():
     result = ds.inference.fit(ds.lower(study), starts=2, seed=0)
     for name, value in TRUE.items():
         assert result.parameters[name] == pytest.approx(value, rel=0.2)
+
+
+STUDY_FILE = """\
+format = "diffsoup-study/2"
+levels = ["lab"]
+
+[model]
+species = ["A", "B", "C"]
+reactions = [["A -> B", "k1"], ["B -> C", "k2"]]
+parameters = {{ k1 = 1.0, k2 = 0.5 }}
+y0 = {{ A = 1.0 }}
+
+[observables]
+scaled = "2.5 * B + k2 * exp(-C)"
+
+[noise]
+sigma = 0.05
+
+[[parameters]]
+name = "k1"
+lower = 0.1
+upper = 10.0
+level = "lab"
+
+[[parameters]]
+name = "k2"
+lower = 0.05
+upper = 5.0
+{experiments}"""
+
+COHORT = """experiment,time,A,scaled,sigma:A,lab,k2,A0
+e1,0.5,0.61,0.9,0.02,north,0.4,1.0
+e1,1.0,0.37,,0.02,north,0.4,1.0
+e2,0.5,1.2,1.1,0.03,south,0.6,2.0
+e2,1.0,0.74,1.0,0.03,south,0.6,2.0
+e2,2.0,0.3,0.8,0.03,south,0.6,2.0
+e3,1.0,0.5,0.7,0.02,north,0.5,1.5
+"""
+
+
+def test_study_file_experiment_table(tmp_path):
+    """One [experiment_table] gives the study of the same [[experiments]] tables, held as arrays."""
+    from diffsoup.formats import StudyFileError, load_study
+
+    (tmp_path / "cohort.csv").write_text(COHORT)
+    table = '\n[experiment_table]\ndata = "cohort.csv"\nobservables = ["A", "scaled"]\nconditions = ["k2"]\n' \
+            'groups = {lab = "lab"}\ny0 = {A = "A0"}\n'  # fmt: skip
+    rows = {"e1": ("north", 0.4, 1.0), "e2": ("south", 0.6, 2.0), "e3": ("north", 0.5, 1.5)}
+    # The per-experiment reader reads every other column as an observable: its file has no more.
+    plain = "\n".join(",".join(line.split(",")[:5]) for line in COHORT.splitlines()) + "\n"
+    (tmp_path / "plain.csv").write_text(plain)
+    tables = "".join(f'\n[[experiments]]\nid = "{e}"\ndata = "plain.csv"\nobservables = ["A", "scaled"]\n'
+                     f'groups = {{lab = "{lab}"}}\nconditions = {{k2 = {k2}}}\ny0 = {{A = {a0}}}\n'
+                     for e, (lab, k2, a0) in rows.items())  # fmt: skip
+    (tmp_path / "table.toml").write_text(STUDY_FILE.format(experiments=table))
+    (tmp_path / "objects.toml").write_text(STUDY_FILE.format(experiments=tables))
+    arrays, objects = load_study(tmp_path / "table.toml"), load_study(tmp_path / "objects.toml")
+    assert arrays.study.arrays is not None and arrays.study.ids == ("e1", "e2", "e3")
+    assert arrays.observables["e2"] == ["A", "scaled"] and arrays.study.entry_names == objects.study.entry_names
+    theta = np.log10([1.3, 0.7, 0.8])
+    assert arrays.lower().value(theta) == pytest.approx(objects.lower().value(theta), rel=RTOL)
+    (tmp_path / "bad.csv").write_text(COHORT.replace("e3,1.0,0.5,0.7,0.02,north", "e3,1.0,0.5,0.7,-1,north"))
+    (tmp_path / "bad.toml").write_text(STUDY_FILE.format(experiments=table.replace("cohort.csv", "bad.csv")))
+    with pytest.raises(StudyFileError, match=r"row 5 \(experiment 'e3'\), column 'sigma:A': -1.0 is not a positive"):
+        load_study(tmp_path / "bad.toml")

@@ -92,8 +92,9 @@ def study_arrays_of_table(
         table: a pandas ``DataFrame``, a pyarrow ``Table`` or a Parquet/CSV/TSV path.
         experiment, time, observable, value: the columns of the experiment id, measurement time,
             observable name and measured value (NaN: missing) of each row.
-        sigma: the column of each value's standard deviation (or Laplace scale); used when the
-            table has it (``noise``'s spread then is ignored), None to ignore it.
+        sigma: the column of each value's standard deviation (or Laplace scale), used when the
+            table has it (empty: the noise model's spread), None to ignore it. A wide table gives
+            them in ``sigma:<observable>`` columns.
         conditions: columns named by model parameters (or a mapping model parameter -> column),
             one value per experiment (NaN: left to the parameter table).
         condition, condition_table: a column of condition ids and a ``DataFrame`` indexed by
@@ -228,16 +229,11 @@ def _pivot_wide(df, codes, ids, t, names):
     if any(c in df.columns for c in sigma_columns):
         spreads = np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
                             else np.full(codes.size, np.nan) for c in sigma_columns], axis=1)  # fmt: skip
-        given = np.array([c in df.columns for c in sigma_columns]) | np.all(np.isnan(values), axis=0)
-        bad = np.isfinite(values) & given[None, :] & ~(np.isfinite(spreads) & (spreads > 0))
+        bad = np.isfinite(values) & ~np.isnan(spreads) & ~(np.isfinite(spreads) & (spreads > 0))
         if bad.any():
             r, j = (int(x) for x in np.argwhere(bad)[0])
             raise _row_error(df, bad.any(axis=1), ids, codes, sigma_columns[j], f"{spreads[r, j]} is not a positive, "
                              "finite spread; give one for every measured value.")  # fmt: skip
-        if not given.all():
-            missing = [c for c in sigma_columns if c not in df.columns]
-            raise ValueError(f"{WHO}: the table gives spreads for some observables only; add {missing} (or drop the "
-                             "sigma: columns to use the noise model's).")  # fmt: skip
         cells = np.full((E, m, len(names)), np.nan)
         cells[e_s, slot] = spreads[order]
     return times, data, cells
@@ -268,7 +264,7 @@ def _pivot_long(df, codes, ids, t, observable, value, sigma, observable_names, o
     s = None
     if sigma is not None:
         s = pd.to_numeric(df[sigma], errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.isfinite(v) & ~(np.isfinite(s) & (s > 0))
+        bad = np.isfinite(v) & ~np.isnan(s) & ~(np.isfinite(s) & (s > 0))
         if bad.any():
             raise _row_error(df, bad, ids, codes, sigma, f"{s[int(np.argmax(bad))]} is not a positive, finite spread; "
                              "give one for every measured value.")  # fmt: skip
@@ -295,13 +291,30 @@ def _pivot_long(df, codes, ids, t, observable, value, sigma, observable_names, o
 
 
 def _with_table_spread(noise: Any, cells: np.ndarray) -> Any:
-    """``noise`` (one model or one per column) with the table's spreads ``(E, m, k)``."""
-    from ._experiment_arrays import _with_spread
+    """``noise`` (one model or one per column) with the table's spreads ``(E, m, k)``; a cell the
+    table leaves empty (NaN) keeps the model's spread."""
+    from ._experiment_arrays import _noise_columns, _with_spread
     from ._noise import AbstractNoise
 
+    columns = _noise_columns(noise, cells.shape[2], WHO)
+    for j, c in enumerate(columns):
+        if isinstance(c.spread, str) or callable(c.spread):
+            if np.isfinite(cells[:, :, j]).any():
+                raise ValueError(f"{WHO}: the table gives spreads of observable column {j}, whose noise spread is "
+                                 f"{c.spread!r} (a parameter or a function); keep one.")  # fmt: skip
+            continue
+        empty = np.isnan(cells[:, :, j])
+        if empty.any():
+            spread = np.broadcast_to(np.asarray(c.spread, dtype=np.float64), cells.shape[:2] if not isinstance(
+                noise, AbstractNoise) else cells.shape)  # fmt: skip
+            spread = spread if not isinstance(noise, AbstractNoise) else spread[:, :, j]
+            cells[:, :, j] = np.where(empty, spread, cells[:, :, j])
+    if all(isinstance(c.spread, str) or callable(c.spread) for c in columns):
+        return noise
     if isinstance(noise, AbstractNoise):
         return _with_spread(noise, cells)
-    return [_with_spread(c, cells[:, :, j]) for j, c in enumerate(noise)]
+    return [c if isinstance(c.spread, str) or callable(c.spread) else _with_spread(c, cells[:, :, j])
+            for j, c in enumerate(columns)]  # fmt: skip
 
 
 def _conditions_of_table(df, condition: str, condition_table: Any, ids, codes, first, given: dict) -> dict:
