@@ -3,6 +3,7 @@
 
     nice -n 10 python benchmarks/bench_study_build.py            # 10^4, 10^5, 10^6 (objects at 10^4, 10^5)
     python benchmarks/bench_study_build.py --quick               # 10^4 only
+    python benchmarks/bench_study_build.py --baseline /work/main # also the objects with another checkout
 
 The study: the 20-species mass-action network (``ds.examples.mass_action_network(20, 25, seed=3)``,
 25 rate constants estimated, log10), every experiment its own initial state (uniform in [0.2, 2]),
@@ -24,6 +25,10 @@ Per size and path (arrays, objects):
   at 10^4 only (it is per experiment). ``data_bytes_per_experiment``: the input (times, data, y0).
 - ``packed_bytes_per_experiment``: the packed arrays of one lane (what a chunk puts on the device).
 
+``--baseline DIR`` also times the objects' path with the diffsoup of another checkout (say, the
+code before issue 25, which made ``ds.Study`` of objects faster too), in a subprocess: the path
+``objects@baseline``.
+
 Targets (issue 25, 2-core CPU): 10^6 experiments built and lowered in at most 30 s, at most 2 KB of
 host memory per experiment beyond its data. The first chunk packed from the arrays is compared with
 the same chunk packed from the objects (they must be equal). Writes
@@ -34,14 +39,22 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 from _common import RESULTS, machine_info, markdown_table, write_json  # noqa: I001 (sets up the path and x64)
 
 import numpy as np
 
-import diffsoup as ds
+if os.environ.get("BENCH_BASELINE_ROOT"):  # the baseline's subprocess imports that checkout's diffsoup
+    sys.path.insert(0, os.environ["BENCH_BASELINE_ROOT"])
+
+import diffsoup as ds  # noqa: E402
 from diffsoup.inference import Gaussian, Parameter
 from diffsoup.inference._lower import DEFAULT_CHUNK
 
@@ -121,7 +134,17 @@ def main():
     ap.add_argument("--quick", action="store_true", help="10^4 experiments only")
     ap.add_argument("--sizes", type=int, nargs="*", default=None)
     ap.add_argument("--object-sizes", type=int, nargs="*", default=None, help="sizes also built as Experiment objects")
+    ap.add_argument("--baseline", default=None, help="a checkout whose diffsoup also builds the objects (subprocess)")
+    ap.add_argument("--objects-only", action="store_true", help=argparse.SUPPRESS)  # the baseline's subprocess
     a = ap.parse_args()
+    if a.objects_only:
+        net = ds.examples.mass_action_network(20, 25, seed=3)
+        problem = net.to_spec(y0=np.ones(20)).build()
+        params = [Parameter(k, v, v / 10, v * 10) for k, v in net.parameters.items()]
+        out = [dict(measure("objects", problem, params, E, memory=False, pack=True)[0], diffsoup=ds.__file__)
+               for E in a.sizes]
+        print("RECORDS" + json.dumps(out))
+        return
     sizes = a.sizes or ([10_000] if a.quick else [10_000, 100_000, 1_000_000])
     object_sizes = a.object_sizes if a.object_sizes is not None else [s for s in sizes if s <= 100_000]
     machine = machine_info()
@@ -145,6 +168,16 @@ def main():
                   + f"; first chunk equal to the arrays': {same}", flush=True)  # fmt: skip
             if not same:
                 raise SystemExit("bench_study_build: the arrays' first chunk differs from the objects'.")
+    if a.baseline:
+        env = dict(os.environ, BENCH_BASELINE_ROOT=str(Path(a.baseline).resolve()))
+        proc = subprocess.run([sys.executable, __file__, "--objects-only", "--sizes", *map(str, object_sizes)], env=env,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RECORDS")][0]
+        for rec in json.loads(line[len("RECORDS"):]):
+            rec.update(path="objects@baseline", checkout=str(a.baseline))
+            records.append(rec)
+            print(f"objects E={rec['experiments']:>8} ({a.baseline}): build {rec['build_s']:.2f} s, lower "
+                  f"{rec['lower_s']:.2f} s, pack {rec['pack_s']:.2f} s", flush=True)  # fmt: skip
     by = {(r["path"], r["experiments"]): r for r in records}
     rows, ratios = [], {}
     for E in sizes:
@@ -153,12 +186,18 @@ def main():
         ratio = o["build_and_lower_s"] / r["build_and_lower_s"] if o else None
         pack_ratio = o["pack_s"] / r["pack_s"] if o else None
         ratios[E] = {"build_and_lower_objects_over_arrays": ratio, "pack_objects_over_arrays": pack_ratio}
+        b = by.get(("objects@baseline", E))
+        if b:
+            ratios[E]["build_and_lower_baseline_objects_over_arrays"] = b["build_and_lower_s"] / r["build_and_lower_s"]
+            ratios[E]["pack_baseline_objects_over_arrays"] = b["pack_s"] / r["pack_s"]
         rows.append([f"{E:,}", f"{r['build_s']:.2f}", f"{r['lower_s']:.2f}", f"{r['pack_s']:.2f}",
                      f"{r['held_bytes_per_experiment']:.0f}", f"{o['build_s']:.1f}" if o else "–",
                      f"{o['lower_s']:.2f}" if o else "–", f"{o['pack_s']:.2f}" if o else "–",
-                     f"{ratio:.0f}x" if ratio else "–", f"{pack_ratio:.0f}x" if pack_ratio else "–"])  # fmt: skip
+                     f"{ratio:.0f}x" if ratio else "–", f"{pack_ratio:.0f}x" if pack_ratio else "–"]
+                    + ([f"{b['build_and_lower_s']:.1f}" if b else "–"] if a.baseline else []))  # fmt: skip
     table = markdown_table(["experiments", "arrays build s", "lower s", "pack s", "held B/exp", "objects build s",
-                            "lower s", "pack s", "build+lower objects/arrays", "pack objects/arrays"], rows)  # fmt: skip
+                            "lower s", "pack s", "build+lower objects/arrays", "pack objects/arrays"]
+                           + (["baseline objects build+lower s"] if a.baseline else []), rows)  # fmt: skip
     print(table)
     objects_held = [r["held_bytes_per_experiment"] for r in records if r["path"] == "objects" and
                     "held_bytes_per_experiment" in r]  # fmt: skip

@@ -143,15 +143,16 @@ class ExperimentArrays:
         rows = np.asarray(rows, dtype=np.int64)
         E = len(self)
 
-        def take(x):
-            if x is None or np.ndim(x) == 0 or np.shape(x)[0] != E:
+        def take(x, ndim=None):
+            # Per-row arrays only: a shared one (a number, one row, y0 of (n,)) stays as it is.
+            if x is None or np.ndim(x) == 0 or np.shape(x)[0] != E or (ndim is not None and np.ndim(x) != ndim):
                 return x
             return np.asarray(x)[rows]
 
         return dataclasses.replace(
             self, ids=self.ids[rows], times=take(self.times), n_times=take(self.n_times), t0=take(self.t0),
-            data=self.data[rows], sigma=take(self.sigma), conditions={k: take(v) for k, v in self.conditions.items()},
-            y0=take(self.y0), groups={lv: _codes_of(np.asarray(m, dtype=object)[c[rows]]) for lv, (c, m) in self.groups.items()},
+            data=self.data[rows], sigma=take(self.sigma, 3), conditions={k: take(v) for k, v in self.conditions.items()},
+            y0=take(self.y0, 2), groups={lv: _codes_of(np.asarray(m, dtype=object)[c[rows]]) for lv, (c, m) in self.groups.items()},
             _id_index=None,
         )  # fmt: skip
 
@@ -451,6 +452,9 @@ def _checked_conditions(conditions, problem, E: int, ids: np.ndarray, who: str) 
 def _checked_y0(y0, problem, E: int, ids: np.ndarray, who: str):
     n = problem.n_states
     if y0 is None:
+        if problem.spec.y0 is None:
+            raise ValueError(f"{who}: y0 is not given and the model has no default y0; give y0 ((n,), (E, n) or a "
+                             "mapping state name -> values).")  # fmt: skip
         return None
     if isinstance(y0, Mapping):
         unknown = [s for s in y0 if s not in problem.state_names]
@@ -590,20 +594,27 @@ def term_constants(data: np.ndarray, sigma: np.ndarray | None, columns: tuple) -
     and known spreads broadcastable to it (NaN or None: not known): ``log 2 pi`` (normal) or
     ``log 2`` (Laplace), ``log s`` of the known spreads, ``log(d ln b)`` of logarithmic columns."""
     mask = np.isfinite(data)
+    count = np.sum(mask, axis=(1, 2))
     laplace = np.array([c.distribution == LAPLACE for c in columns])
-    n_laplace = np.sum(mask & laplace[None, None, :], axis=(1, 2))
-    c = 0.5 * math.log(2 * math.pi) * (np.sum(mask, axis=(1, 2)) - n_laplace) + math.log(2.0) * n_laplace
+    n_laplace = np.sum(mask & laplace[None, None, :], axis=(1, 2)) if laplace.any() else 0
+    c = 0.5 * math.log(2 * math.pi) * (count - n_laplace) + math.log(2.0) * n_laplace
     if sigma is not None:
-        s = np.broadcast_to(sigma, data.shape)
-        known = mask & np.isfinite(s)
-        c = c + np.sum(np.log(np.where(known, s, 1.0)), axis=(1, 2))
+        # The logarithm of the spreads as given (a number, a column, ...), broadcast afterwards.
+        s = np.asarray(sigma, dtype=np.float64)
+        known = np.isfinite(s) & (s > 0)
+        log_s = np.log(np.where(known, s, 1.0))
+        if s.size == 1:
+            c = c + float(log_s.reshape(-1)[0]) * count
+        else:
+            c = c + np.sum(np.where(mask & np.broadcast_to(known, data.shape), np.broadcast_to(log_s, data.shape), 0.0),
+                           axis=(1, 2))  # fmt: skip
     bases = [col.log_base for col in columns]
     logs = np.array([b is not None for b in bases])
     if logs.any():
         c = c + np.sum(np.log(np.where(mask & logs[None, None, :], data, 1.0)), axis=(1, 2))
         lnb = np.array([math.log(math.log(b)) if b is not None and b != math.e else 0.0 for b in bases])
         c = c + np.sum(mask * lnb[None, None, :], axis=(1, 2))
-    return c
+    return np.asarray(c, dtype=np.float64)
 
 
 def dynamic_cells(arrays: ExperimentArrays) -> np.ndarray:
