@@ -185,6 +185,7 @@ class InferenceProblem:
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
+        self._object_constants = None
         if arrays is not None:
             # Per experiment: the constant terms and the measured values of parameter or function spreads.
             self._array_constants = np.zeros(len(arrays)) if objective == "chi2" else \
@@ -217,10 +218,13 @@ class InferenceProblem:
             rows = np.asarray(members, dtype=np.int64)
             constants = float(np.sum(self._array_constants[rows]))
             return constants - 0.5 * self.sigma_shift * float(np.sum(self._array_dynamic[rows]))
-        exps = self.study.experiments
+        if self._object_constants is None:  # once per experiment: pack reads them too
+            exps = self.study.experiments
+            self._object_constants = [self._constant(e) for e in exps]
+            self._object_dynamic = [_dynamic_cells(e) for e in exps]
         members = list(members)
-        constants = float(sum(self._constant(exps[i]) for i in members))
-        return constants - 0.5 * self.sigma_shift * sum(_dynamic_cells(exps[i]) for i in members)
+        constants = float(sum(self._object_constants[i] for i in members))
+        return constants - 0.5 * self.sigma_shift * sum(self._object_dynamic[i] for i in members)
 
     # -- multiple shooting -----------------------------------------------------------------------
     def _windows_init(self, window_store: WindowCache | None):
@@ -420,7 +424,7 @@ class InferenceProblem:
                 fin = np.isfinite(e.data)
                 arr["mask"][lane, :mi] = fin
                 arr["data"][lane, :mi] = np.where(fin, e.data, 1.0)
-                arr["const"][lane] = self._constant(e)
+                arr["const"][lane] = self._object_constants[idx]
                 arr["valid"][lane] = True
             if e.sigma is not None:
                 arr["sigma"][lane, :mi] = e.sigma

@@ -275,18 +275,41 @@ class Study:
 
     @classmethod
     def from_table(cls, problem: Any, table: Any, *, parameters: Sequence[Parameter], **options: Any) -> "Study":
-        """A study of the experiments of a long-format table, one row per measured value (see
-        :func:`diffsoup.inference.study_table.study_arrays_of_table` for the columns and options);
-        held as arrays, as :meth:`from_arrays`.
+        """A study of the experiments of a table, held as arrays as by :meth:`from_arrays`.
+
+        Long format: one row per measured value, with columns ``experiment`` (id), ``time``,
+        ``observable`` (name) and ``value`` (NaN: missing), optionally ``sigma``. Wide format
+        (no ``observable``/``value`` columns): one row per time of an experiment, a column per
+        observable and optionally ``sigma:<observable>`` columns (the study files' data files).
+        Either may hold condition, level and initial-state columns (one value per experiment).
+        Experiments come in order of first appearance, each one's rows by time; a replicate (the
+        same experiment, time and observable) gets a time row of its own. Pivoting is vectorized
+        (no loop over experiments).
 
         Args:
             problem: the model.
-            table: a pandas ``DataFrame``, a pyarrow ``Table``, or the path of a Parquet or CSV file.
+            table: a pandas ``DataFrame``, a pyarrow ``Table``, or the path of a Parquet, CSV or
+                TSV file.
             parameters: the parameter table.
-            **options: column names and ``noise``, ``observables``, ``y0``, ``t0``, ``levels``.
+            experiment, time, observable, value, sigma: the column names (defaults: those words;
+                ``sigma=None`` ignores a spread column; an empty spread keeps the noise model's).
+            conditions: columns named by model parameters, or a mapping model parameter ->
+                column (NaN: the experiment leaves it to the parameter table).
+            condition, condition_table: a column of condition ids and a ``DataFrame`` indexed by
+                condition id whose columns are model parameters.
+            groups: level columns outermost first, or a mapping level -> column; levels: the
+                study's levels (default: those of ``groups``).
+            observable_names: the observables in column order (default: the model's states when
+                ``observables`` is None, else the long table's names in order of first appearance).
+            observables, noise, t0: as for :meth:`from_arrays`; y0: as there, or a mapping state
+                -> column name (``{"A": "A0"}``).
 
         Raises:
-            ValueError: naming the row, the experiment id and the column at fault.
+            ValueError: naming the row, its experiment id and the column at fault (a missing
+                column, an unknown observable, a NaN time, a time before ``t0``, a non-finite
+                value, a spread that is not positive, a condition or member that changes within
+                an experiment), or, after pivoting, the experiment and the field as
+                :meth:`from_arrays` does.
         """
         from ._study_table import study_arrays_of_table
 
