@@ -476,7 +476,7 @@ class InferenceProblem:
     def terms(self, group: Group) -> LaneTerms:
         """The static part of ``group``'s per-experiment term (what its chunk programs compile from)."""
         return LaneTerms(self.study.problem, group, self.scale, tuple(int(i) for i in self.estimated),
-                         self._scales, int(self.solver.checkpoints))  # fmt: skip
+                         self._scales, int(self.solver.checkpoints), (self.n_theta, len(self.values)))  # fmt: skip
 
     def operands(self) -> TermOperands:
         """The numbers the chunk programs take as arguments (numpy)."""

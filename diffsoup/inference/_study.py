@@ -130,13 +130,19 @@ class Study:
     Args:
         problem: the model, a built ``ds.Problem`` (a ``ProblemSpec``/``ReactionNetwork`` is built
             with defaults).
-        experiments: the experiments (unique ids).
+        experiments: the experiments (unique ids). :meth:`from_arrays` and :meth:`from_table` build a
+            study of many experiments of one shape held as arrays (``study.arrays``), whose
+            ``study.experiments[i]`` are ``Experiment`` views built on access.
         parameters: the parameter table, a sequence of :class:`Parameter`.
         levels: level names, outermost first (e.g. ``("site", "patient")``); each experiment names
             its member of every level in ``Experiment.groups``, and each member of an inner level
             belongs to one member of every outer level.
 
     Attributes:
+        arrays: the experiments' arrays (``ExperimentArrays``) of a study built by
+            :meth:`from_arrays`/:meth:`from_table`, else None; ``array_plan`` where its numbers
+            come from (the vectorized ``resolved``).
+        ids: the experiment ids in study order (:meth:`index_of` finds one).
         entries: the expanded study parameters (one per parameter, or per member of its level).
         entry_names: their names.
         resolved: experiment id -> how its numbers come from the entries: ``plan`` (per model

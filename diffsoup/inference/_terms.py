@@ -191,6 +191,8 @@ class LaneTerms:
         estimated: study entry indices of the estimated parameters, in ``theta`` order.
         scales: their scales (``"lin"``, ``"log"``, ``"log10"``).
         checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
+        shapes: the lengths of ``theta`` (window starts included) and of the entries' values: the
+            programs' argument shapes besides the packed arrays (which the group's fields fix).
     """
 
     problem: Any
@@ -199,6 +201,7 @@ class LaneTerms:
     estimated: tuple
     scales: tuple
     checkpoints: int
+    shapes: tuple = ()
 
     def full_vector(self, theta, ops: TermOperands):
         """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""
