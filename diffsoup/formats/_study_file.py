@@ -331,7 +331,8 @@ def _experiment_table(context: "_ExperimentContext", problem: Any, parameters: l
     conditions = raw.get("conditions", [])
     if isinstance(conditions, list):
         conditions = {c: c for c in r.names(conditions, field + ("conditions",))}
-    conditions = {k: r.string(v, field + ("conditions", k)) for k, v in r.table(conditions, field + ("conditions",)).items()}
+    conditions = {k: r.string(v, field + ("conditions", k))
+                  for k, v in r.table(conditions, field + ("conditions",)).items()}  # fmt: skip
     for k in conditions:
         r.known(k, context.model_parameters, field + ("conditions", k), "model parameter")
     groups = {k: r.string(v, field + ("groups", k)) for k, v in r.table(raw.get("groups", {}), field + ("groups",)).items()}
@@ -339,7 +340,8 @@ def _experiment_table(context: "_ExperimentContext", problem: Any, parameters: l
         r.known(k, context.levels, field + ("groups", k), "level")
     for level in context.levels:
         if level not in groups:
-            raise r.error(field + ("groups",), f"names no column for level {level!r}; write groups = {{{level} = \"column\"}}")
+            raise r.error(field + ("groups",),
+                          f"names no column for level {level!r}; write groups = {{{level} = \"column\"}}")  # fmt: skip
     y0 = {}
     for k, v in r.table(raw.get("y0", {}), field + ("y0",)).items():
         r.known(k, context.states, field + ("y0", k), "species")

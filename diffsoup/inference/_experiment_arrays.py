@@ -152,7 +152,8 @@ class ExperimentArrays:
         return dataclasses.replace(
             self, ids=self.ids[rows], times=take(self.times), n_times=take(self.n_times), t0=take(self.t0),
             data=self.data[rows], sigma=take(self.sigma, 3), conditions={k: take(v) for k, v in self.conditions.items()},
-            y0=take(self.y0, 2), groups={lv: _codes_of(np.asarray(m, dtype=object)[c[rows]]) for lv, (c, m) in self.groups.items()},
+            y0=take(self.y0, 2),
+            groups={lv: _codes_of(np.asarray(m, dtype=object)[c[rows]]) for lv, (c, m) in self.groups.items()},
             _id_index=None,
         )  # fmt: skip
 
@@ -382,7 +383,8 @@ def _checked_spreads(columns: tuple, noise: Any, data: np.ndarray, ids: np.ndarr
     if names:
         if not shared or not names[0]:
             raise ValueError(f"{who}: a spread named by a study parameter must be one name for all columns "
-                             "(noise=Gaussian(sigma='name')); per-column or per-cell names need ds.Experiment objects.")  # fmt: skip
+                             "(noise=Gaussian(sigma='name')); per-column or per-cell names need ds.Experiment "
+                             "objects.")  # fmt: skip
         return None, names[0], functions
     if any(f is not None for f in functions):
         if not all(f is not None for f in functions):
@@ -490,7 +492,8 @@ def _checked_groups(groups, E: int, who: str) -> dict:
     for level, values in groups.items():
         arr = np.asarray(values)
         if arr.shape != (E,):
-            raise ValueError(f"{who}: groups[{level!r}] has shape {arr.shape}; give one member name per experiment, ({E},).")
+            raise ValueError(f"{who}: groups[{level!r}] has shape {arr.shape}; give one member name per experiment, "
+                             f"({E},).")  # fmt: skip
         arr = arr.astype(str)
         empty = np.char.str_len(arr) == 0
         if empty.any():

@@ -53,7 +53,8 @@ def _constant_per_experiment(df, values: np.ndarray, ids, codes, first: np.ndarr
     if not same.all():
         raise _row_error(df, ~same, ids, codes, column,
                          f"{_shown(values[int(np.argmax(~same))])} differs from the experiment's first row "
-                         f"({_shown(mine[int(np.argmax(~same))])}); a {column!r} value holds for a whole experiment.")  # fmt: skip
+                         f"({_shown(mine[int(np.argmax(~same))])}); a {column!r} value holds for a whole "
+                         "experiment.")  # fmt: skip
     return per
 
 
@@ -259,7 +260,8 @@ def _pivot_long(df, codes, ids, t, observable, value, sigma, observable_names, o
     if unknown.any():
         name = df[observable].iloc[int(np.argmax(unknown))]
         raise _row_error(df, unknown, ids, codes, observable, f"unknown observable {name!r}; the observables are "
-                         f"{observable_names[:10]}{'...' if len(observable_names) > 10 else ''} (observable_names=).")  # fmt: skip
+                         f"{observable_names[:10]}{'...' if len(observable_names) > 10 else ''} "
+                         "(observable_names=).")  # fmt: skip
     k = len(observable_names)
     s = None
     if sigma is not None:
