@@ -262,7 +262,7 @@ class DistributedStudy(AbstractLoweredStudy):
             raise ValueError("DistributedStudy: the shards must split the base study's experiments (each exactly once).")
         self.base = base
         self.backend = backend
-        ids = [e.id for e in self.problem.study.experiments]
+        ids = self.problem.study.ids
         self.shards = tuple(tuple(ids[i] for i in s) for s in shards)
         self.fingerprint = fingerprint
         self.evaluations = 0
@@ -362,7 +362,7 @@ class DaskBackend:
         self.payload = client.scatter(self.payload_bytes, broadcast=True, hash=False)
         self.rebuilds = 0
         self.last_seconds: list[float] = []
-        self.ids = [e.id for e in study.experiments]
+        self.ids = list(study.ids)
         self.status = {"name": self.name, "state": "running", "evaluations": 0, "last_mode": None,
                        "last_seconds": None, "rebuilds": 0, "updated": _now()}  # fmt: skip
         self.exp_state = {

@@ -88,6 +88,19 @@ using one of these is told to say ``format = "diffsoup-study/2"``)::
     discontinuities = [3.0]              # times where the right-hand side jumps
     steady_state = {rtol = 1e-8}         # the test of steady states (pre-equilibration)
 
+A ``/2`` file may give, instead of ``[[experiments]]`` tables, one ``[experiment_table]``: every
+experiment from one data file (a CSV as above with an ``experiment`` column, or Parquet), held as
+arrays (``ds.Study.from_table``), for studies of many experiments of one shape (the same
+observables and noise)::
+
+    [experiment_table]
+    data = "data/cohort.csv"             # experiment, time, one column per observable[, sigma:<obs>]
+    observables = ["A", "total"]         # optional: default, the file's other columns
+    conditions = ["k3"]                  # optional: columns of model parameter values (or {k3 = "column"})
+    groups = {site = "site"}             # a column per level: each experiment's member
+    y0 = {A = "A0"}                      # optional: a column (or a number) per species
+    t0 = 0.0                             # optional
+
 The reader is split by concept: this module reads the study's tables into a ``ds.Study``;
 :mod:`._reader` checks values and locates errors (:class:`StudyFileError`), :mod:`._expressions`
 checks and evaluates the observable expressions, :mod:`._data_files` reads the CSV data files.
@@ -114,7 +127,7 @@ from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._data_files import DataTable, read_data_table
-from ._expressions import Observables, read_expressions
+from ._expressions import EXPRESSION_FUNCTIONS, Observables, read_expressions
 from ._reader import StudyFileError, TomlReader
 
 FORMAT = "diffsoup-study/1"
@@ -136,7 +149,8 @@ LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
 PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
 NOISE_MODELS = ("gaussian", "lognormal")
 # diffsoup-study/2: what the core gained (issue 19), each key refused with a pointer in /1 files.
-TOP_KEYS_2 = TOP_KEYS + ("observable_parameters",)
+TOP_KEYS_2 = TOP_KEYS + ("observable_parameters", "experiment_table")
+EXPERIMENT_TABLE_KEYS = ("data", "observables", "conditions", "groups", "y0", "t0")
 EXPERIMENT_KEYS_2 = EXPERIMENT_KEYS + ("observable_parameters", "preequilibration", "resets", "discontinuities",
                                        "steady_state")  # fmt: skip
 NOISE_KEYS_2 = ("model", "sigma", "base", "observables")
@@ -269,6 +283,15 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     parameters = [_parameter(r, p, ("parameters", i), levels) for i, p in enumerate(raw_parameters)]
     study_names = {p.name for p in parameters}
     raw_experiments = doc.get("experiments", None)
+    if "experiment_table" in doc:
+        if raw_experiments is not None:
+            raise r.error(("experiment_table",), "give [[experiments]] tables or one [experiment_table], not both")
+        context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
+                                     study_names, levels, version=version)  # fmt: skip
+        study, names, data_file = _experiment_table(context, problem, parameters, doc["experiment_table"])
+        return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit,
+                         observables=dict.fromkeys(study.ids, names), data_files=(data_file,),
+                         description=str(doc.get("description", "")), format=fmt)  # fmt: skip
     if not isinstance(raw_experiments, list) or not raw_experiments:
         raise r.error(("experiments",), "give at least one [[experiments]] table (id, data)")
     context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
@@ -292,6 +315,74 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit, observables=observed,
                      data_files=tuple(context.tables), description=str(doc.get("description", "")),
                      format=fmt)  # fmt: skip
+
+
+def _experiment_table(context: "_ExperimentContext", problem: Any, parameters: list, raw: Any):
+    """The study of ``[experiment_table]`` (/2): every experiment from one data file, held as arrays
+    (``ds.Study.from_table``); returns ``(study, observable names, data file)``."""
+    r, field = context.r, ("experiment_table",)
+    raw = r.table(raw, field)
+    r.keys(raw, EXPERIMENT_TABLE_KEYS, field)
+    if "data" not in raw:
+        raise r.error(field, 'an experiment table needs data = "file.csv" (or .parquet)')
+    file = (context.base / r.string(raw["data"], field + ("data",))).resolve()
+    if not file.exists():
+        raise r.error(field + ("data",), f"data file {file} does not exist")
+    conditions = raw.get("conditions", [])
+    if isinstance(conditions, list):
+        conditions = {c: c for c in r.names(conditions, field + ("conditions",))}
+    conditions = {k: r.string(v, field + ("conditions", k))
+                  for k, v in r.table(conditions, field + ("conditions",)).items()}  # fmt: skip
+    for k in conditions:
+        r.known(k, context.model_parameters, field + ("conditions", k), "model parameter")
+    groups = {k: r.string(v, field + ("groups", k)) for k, v in r.table(raw.get("groups", {}), field + ("groups",)).items()}
+    for k in groups:
+        r.known(k, context.levels, field + ("groups", k), "level")
+    for level in context.levels:
+        if level not in groups:
+            raise r.error(field + ("groups",),
+                          f"names no column for level {level!r}; write groups = {{{level} = \"column\"}}")  # fmt: skip
+    y0 = {}
+    for k, v in r.table(raw.get("y0", {}), field + ("y0",)).items():
+        r.known(k, context.states, field + ("y0", k), "species")
+        y0[k] = v if isinstance(v, str) else r.number(v, field + ("y0", k))
+    t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
+    from ..inference._study_table import read_table
+
+    try:
+        df = read_table(file)
+    except (ValueError, ImportError, OSError) as exc:
+        raise r.error(field + ("data",), f"{file}: {exc}") from None
+    taken = {"experiment", "time", *conditions.values(), *groups.values(), *(v for v in y0.values() if isinstance(v, str))}
+    if "observables" in raw:
+        names = r.names(raw["observables"], field + ("observables",))
+    else:
+        names = [c for c in df.columns if c not in taken and not str(c).startswith("sigma:")]
+    for n in names:
+        r.known(n, list(context.states) + list(context.expressions), field + ("observables",),
+                "observable (a species or an [observables] name)")  # fmt: skip
+    used = set()
+    for n in names:
+        if n in context.expressions:
+            used |= {node.id for node in ast.walk(context.expressions[n]) if isinstance(node, ast.Name)}
+    extra = sorted(used - set(context.states) - set(context.model_parameters) - {TIME} - set(EXPRESSION_FUNCTIONS))
+    if extra:
+        raise r.error(field + ("observables",), f"the observables use {extra} (observable parameters), which an "
+                      "experiment table does not give; use [[experiments]] tables")  # fmt: skip
+    noise = context.default_noise
+    if isinstance(noise, _NoiseSpec):
+        columns = noise.columns(names)
+        shared = all(c == columns[0] for c in columns)
+        noise = _noise_model(columns[0], columns[0]["sigma"]) if shared else \
+            [_noise_model(c, c["sigma"]) for c in columns]  # fmt: skip
+    observables = context.observables(tuple(names))
+    try:
+        study = Study.from_table(problem, df, parameters=parameters, observable_names=names, observables=observables,
+                                 noise=noise, conditions=conditions, groups=groups, levels=tuple(context.levels),
+                                 y0=y0 or None, t0=t0)  # fmt: skip
+    except (ValueError, TypeError) as exc:
+        raise r.error(field, str(exc)) from None
+    return study, list(names), file
 
 
 def _newer_keys(r: TomlReader, table: Mapping, newer: tuple, allowed: tuple, field: tuple) -> None:
@@ -713,7 +804,8 @@ class _ExperimentContext:
         for n in names:
             if n in self.expressions:
                 used |= {node.id for node in ast.walk(self.expressions[n]) if isinstance(node, ast.Name)}
-        missing = sorted(used - set(self.states) - set(self.model_parameters) - set(params) - {TIME})
+        missing = sorted(used - set(self.states) - set(self.model_parameters) - set(params) - {TIME}
+                         - set(EXPRESSION_FUNCTIONS))  # fmt: skip
         if missing:
             raise r.error(field + ("observable_parameters",), f"the observables use {missing}, which this experiment's "
                           "observable_parameters (or the top-level ones) do not give")  # fmt: skip

@@ -13,13 +13,14 @@ wraps one and combines the parts its shards return.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._parts import EVALUATION_MODES, AbstractPart
 from ._problem import InferenceProblem
+from ._terms import member_array
 
 
 def experiment_indices(problem: InferenceProblem, experiments: Sequence[Any] | None) -> tuple[int, ...]:
@@ -30,18 +31,19 @@ def experiment_indices(problem: InferenceProblem, experiments: Sequence[Any] | N
         ValueError: for none, an unknown id, an index out of range, or one named twice.
         TypeError: for something neither an index nor an id.
     """
-    exps = problem.study.experiments
+    study = problem.study
+    exps = study.experiments
     if experiments is None:
         return tuple(range(len(exps)))
     if isinstance(experiments, (str, bytes)) or not isinstance(experiments, Sequence | np.ndarray):
         raise TypeError(f"experiments must be a sequence of study indices or experiment ids, not {experiments!r}.")
-    index = {e.id: i for i, e in enumerate(exps)}
     out = []
     for x in experiments:
         if isinstance(x, str):
-            if x not in index:
+            i = study.index_of(x)
+            if i is None:
                 raise ValueError(f"experiments: {x!r} is not an experiment id of the study.")
-            out.append(index[x])
+            out.append(i)
         elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
             if not 0 <= int(x) < len(exps):
                 raise ValueError(f"experiments: index {int(x)} is out of range for a study of {len(exps)} experiments.")
@@ -61,6 +63,39 @@ def _offset_of(problem: InferenceProblem, members: tuple[int, ...]) -> float:
     if len(members) == len(problem.study.experiments):
         return float(problem.offset)
     return float(problem.offset_of(members))
+
+
+class ResidualSlices(Mapping):
+    """Experiment id -> its slice of a lowered study's residuals (in study order), computed from
+    the experiments' residual counts when asked for (no object per experiment)."""
+
+    def __init__(self, study: Any, indices: Sequence[int], size: np.ndarray):
+        self._study = study
+        self._indices = np.asarray(indices, dtype=np.int64)
+        self._ends = np.cumsum(size[self._indices])
+        self._position = None  # study index -> position among indices, built on first lookup
+        self.total = int(self._ends[-1]) if self._ends.size else 0
+
+    def _slice(self, position: int) -> slice:
+        start = int(self._ends[position - 1]) if position else 0
+        return slice(start, int(self._ends[position]))
+
+    def __getitem__(self, experiment_id: str) -> slice:
+        i = self._study.index_of(experiment_id) if isinstance(experiment_id, str) else None
+        if i is None:
+            raise KeyError(experiment_id)
+        if self._position is None:
+            self._position = {int(j): p for p, j in enumerate(self._indices.tolist())}
+        if i not in self._position:
+            raise KeyError(experiment_id)
+        return self._slice(self._position[i])
+
+    def __iter__(self):
+        ids = self._study.ids
+        return (ids[i] for i in self._indices.tolist())
+
+    def __len__(self) -> int:
+        return int(self._indices.size)
 
 
 class AbstractLoweredStudy(abc.ABC):
@@ -92,22 +127,20 @@ class AbstractLoweredStudy(abc.ABC):
         self.scale = problem.scale
         self.experiment_indices = experiment_indices(problem, experiments)
         self.offset = _offset_of(problem, self.experiment_indices)
-        exps = problem.study.experiments
-        size = {i: g.n_residuals for g in problem.groups for i in g.members}
-        slices, start = {}, 0
-        for i in self.experiment_indices:
-            slices[exps[i].id] = slice(start, start + size[i])
-            start += size[i]
-        self.residual_slices = slices
-        self.n_residuals = start
-        self.steps = np.full(len(exps), -1, dtype=np.int64)
+        E = len(problem.study.experiments)
+        size = np.zeros(E, dtype=np.int64)
+        for g in problem.groups:
+            size[member_array(g.members)] = g.n_residuals
+        self.residual_slices = ResidualSlices(problem.study, self.experiment_indices, size)
+        self.n_residuals = self.residual_slices.total
+        self.steps = np.full(E, -1, dtype=np.int64)
         self.last_failures: dict = {}
 
     @property
     def experiment_ids(self) -> tuple[str, ...]:
         """Ids of the experiments this study evaluates (study order)."""
-        exps = self.problem.study.experiments
-        return tuple(exps[i].id for i in self.experiment_indices)
+        ids = self.problem.study.ids
+        return tuple(ids[i] for i in self.experiment_indices)
 
     # -- what an implementation provides -------------------------------------------------------
     @abc.abstractmethod

@@ -88,6 +88,7 @@ from ._parts import (
 )
 from ._problem import InferenceProblem, LaneTerms, SolverOptions
 from ._study import Study
+from ._terms import member_array
 
 # The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
@@ -360,10 +361,11 @@ class LoweredStudy(AbstractLoweredStudy):
         self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
             default_block_limit(devices[0])
         )
-        keep = set(self.experiment_indices)
+        everything = len(self.experiment_indices) == len(problem.study.experiments)
+        keep = None if everything else set(self.experiment_indices)
         groups, members, group_index = [], [], []
         for index, g in enumerate(problem.groups):
-            mine = tuple(i for i in g.members if i in keep)
+            mine = g.members if everything else tuple(i for i in g.members if i in keep)
             if mine:
                 groups.append(g)
                 members.append(mine)
@@ -377,16 +379,8 @@ class LoweredStudy(AbstractLoweredStudy):
         self._compiled: dict = other._compiled if other is not None else {}
         self._chunks: dict = {}
         self._device_operands = None
-        D = self.n_devices
-        self._blocks = []
-        for mine in members:
-            B = math.ceil(len(mine) / D)
-            blocks = np.full((D, B), -1, dtype=np.int64)
-            for d in range(D):
-                part = mine[d * B : (d + 1) * B]
-                blocks[d, : len(part)] = part
-            self._blocks.append(blocks)
-        if layout.balance_steps and D > 1:
+        self._blocks = [device_blocks(mine, self.n_devices) for mine in members]
+        if layout.balance_steps and self.n_devices > 1:
             self.balance()
 
     def restrict(self, experiments: Sequence[int | str]) -> "LoweredStudy":
@@ -403,7 +397,7 @@ class LoweredStudy(AbstractLoweredStudy):
         chosen = experiment_indices(self.problem, experiments)
         outside = sorted(set(chosen) - set(self.experiment_indices))
         if outside:
-            ids = [self.problem.study.experiments[i].id for i in outside]
+            ids = [self.problem.study.ids[i] for i in outside]
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
         return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
                             block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
@@ -413,7 +407,7 @@ class LoweredStudy(AbstractLoweredStudy):
     @property
     def placement(self) -> dict:
         """Experiment id -> index of the device (along the data axis) that solves it."""
-        ids = [e.id for e in self.problem.study.experiments]
+        ids = self.problem.study.ids
         return {ids[i]: d for blocks in self._blocks for d in range(blocks.shape[0]) for i in blocks[d] if i >= 0}
 
     def device_loads(self) -> np.ndarray:
@@ -629,16 +623,17 @@ class LoweredStudy(AbstractLoweredStudy):
         later chunk of the same experiment (differenced Hessians) overwrites an earlier one."""
         from ..integrate import Status
 
-        ids = [e.id for e in self.problem.study.experiments]
         failures: dict = {}
         counts: dict = {}
+        ids = None
         for order, st, ns in zip(orders, statuses, steps):
             st, ns = np.asarray(st), np.asarray(ns)
             real = order >= 0
-            for i, s, n in zip(order[real], st[real], ns[real]):
-                counts[int(i)] = int(n)
-                if int(s) != 0:
-                    failures[ids[i]] = Status(int(s))
+            counts.update(zip(order[real].tolist(), ns[real].tolist()))
+            bad = real & (st != 0)
+            if bad.any():
+                ids = self.problem.study.ids if ids is None else ids
+                failures.update((ids[i], Status(s)) for i, s in zip(order[bad].tolist(), st[bad].tolist()))
         return {"failures": failures, "steps": counts}
 
     @staticmethod
@@ -722,6 +717,16 @@ class LoweredStudy(AbstractLoweredStudy):
         n, total = len(self.experiment_indices), len(self.problem.study.experiments)
         which = f"{n} experiments" if n == total else f"{n} of {total} experiments"
         return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}, chunks={self.chunk_sizes})"
+
+
+def device_blocks(members, n_devices: int) -> np.ndarray:
+    """``(devices, B)`` study indices of a group's ``members`` split in order over the devices
+    (-1: padding)."""
+    mine = member_array(members)
+    B = math.ceil(mine.size / n_devices)
+    blocks = np.full(n_devices * B, -1, dtype=np.int64)
+    blocks[: mine.size] = mine
+    return blocks.reshape(n_devices, B)
 
 
 def _device_sum(values):

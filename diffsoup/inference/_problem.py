@@ -33,6 +33,7 @@ from ..integrate._tolerance import checked_rtol
 from ._multishoot import trajectory_signature, window_layout
 from ._noise import LAPLACE
 from ._solver_options import SolverOptions
+from ._experiment_arrays import dynamic_cells, pack_arrays, term_constants
 from ._study import Study, entries_by_name
 from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
     SIGMA_CELLS,
@@ -43,11 +44,14 @@ from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector
     Preequilibrated,
     TermOperands,
     full_vector,
+    member_array,
 )
 from ._window_cache import WindowCache, window_cache
 from ._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
+# Experiments solved together by predict (a chunk's program is compiled once per group and size).
+PREDICT_LANES = 4096
 # The smallest spread a sigma function is expected to give: it sets the shift ``K`` of the residuals
 # ``sqrt(2 log sigma + K)`` (no bounds are known for a function's value; below
 # ``FUNCTION_SIGMA_FLOOR / sqrt(e)`` the residual is clipped at 0 and the identity with the value fails).
@@ -168,19 +172,33 @@ class InferenceProblem:
         # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
         self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
         self._check_objective()
-        sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
+        arrays = study.arrays
+        if arrays is not None:
+            sigma_entries = {int(i) for i in np.unique(study.array_plan.sigma_entry) if i >= 0}
+            functions = any(f is not None for f in arrays.sigma_functions)
+        else:
+            sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
+            functions = any(f is not None for e in study.experiments for f in e.sigma_functions)
         lows = [study.entries[i].parameter.lower for i in sigma_entries]
-        if any(f is not None for e in study.experiments for f in e.sigma_functions):
+        if functions:
             lows.append(FUNCTION_SIGMA_FLOOR)
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
+        self._object_constants = None
+        if arrays is not None:
+            # Per experiment: the constant terms and the measured values of parameter or function spreads.
+            self._array_constants = np.zeros(len(arrays)) if objective == "chi2" else \
+                term_constants(arrays.data, arrays.sigma, arrays.noise_columns)  # fmt: skip
+            self._array_dynamic = dynamic_cells(arrays)
         self.offset = self.offset_of(range(len(study.experiments)))
 
     def _check_objective(self) -> None:
         if self.objective != "chi2":
             return
-        for e in self.study.experiments:
+        arrays = self.study.arrays
+        # A study of arrays has one shape: its first experiment stands for all.
+        for e in self.study.experiments if arrays is None else self.study.experiments[:1]:
             if any(c.distribution == LAPLACE for c in e.noise_columns):
                 raise ValueError(
                     f"InferenceProblem: objective='chi2' is a sum of squared normal residuals; experiment {e.id!r} has "
@@ -196,10 +214,17 @@ class InferenceProblem:
         """``value = scale * ||r||^2 + offset`` over the experiments ``members`` (study indices):
         the constants of their terms, less ``K / 2`` per measured value whose spread comes from a
         parameter or a function (the shift inside its residual)."""
-        exps = self.study.experiments
+        if self.study.arrays is not None:
+            rows = np.asarray(members, dtype=np.int64)
+            constants = float(np.sum(self._array_constants[rows]))
+            return constants - 0.5 * self.sigma_shift * float(np.sum(self._array_dynamic[rows]))
+        if self._object_constants is None:  # once per experiment: pack reads them too
+            exps = self.study.experiments
+            self._object_constants = [self._constant(e) for e in exps]
+            self._object_dynamic = [_dynamic_cells(e) for e in exps]
         members = list(members)
-        constants = float(sum(self._constant(exps[i]) for i in members))
-        return constants - 0.5 * self.sigma_shift * sum(_dynamic_cells(exps[i]) for i in members)
+        constants = float(sum(self._object_constants[i] for i in members))
+        return constants - 0.5 * self.sigma_shift * sum(self._object_dynamic[i] for i in members)
 
     # -- multiple shooting -----------------------------------------------------------------------
     def _windows_init(self, window_store: WindowCache | None):
@@ -210,7 +235,7 @@ class InferenceProblem:
         self.window_keys: dict = {}
         names, lows, highs, starts = [], [], [], []
         offset = self.n_parameters
-        shooting = [e for e in study.experiments if e.trajectory is not None]
+        shooting = [] if study.arrays is not None else [e for e in study.experiments if e.trajectory is not None]
         # Single shooting opens no store (a given one is still checked).
         cache = window_cache(window_store) if shooting or window_store is not None else None
         for e in shooting:
@@ -236,6 +261,8 @@ class InferenceProblem:
         theta = np.asarray(theta, dtype=np.float64)
         n = self.study.problem.n_states
         out = {}
+        if not self.window_offset:
+            return out
         for e in self.study.experiments:
             if e.id in self.window_offset:
                 o = self.window_offset[e.id]
@@ -299,8 +326,10 @@ class InferenceProblem:
         )  # fmt: skip
 
     def _group(self) -> tuple[Group, ...]:
-        keys: dict = {}
         study = self.study
+        if study.arrays is not None:
+            return (self._array_group(),)
+        keys: dict = {}
         for i, e in enumerate(study.experiments):
             keys.setdefault(self._signature(e, study.resolved[e.id]), []).append(i)
         out = []
@@ -320,36 +349,30 @@ class InferenceProblem:
             ))  # fmt: skip
         return tuple(out)
 
+    def _array_group(self) -> Group:
+        """The one group of a study held as arrays (one shape: observables, noise, spreads)."""
+        study, arrays = self.study, self.study.arrays
+        E, m, k = arrays.shape
+        functions = arrays.sigma_functions if any(f is not None for f in arrays.sigma_functions) else ()
+        steady = _steady_state(None) if np.isposinf(arrays.times[:, -1]).any() else None
+        return Group(
+            arrays.observables, tuple(c.kind for c in arrays.noise_columns),
+            SIGMA_ENTRY if arrays.sigma_name is not None else SIGMA_FIXED, k, m, range(E),
+            observables_take_time=arrays.observables_take_time, sigma_functions=functions, steady_state=steady,
+        )  # fmt: skip
+
     def _constant(self, e) -> float:
         """The experiment's ``nll`` terms that no parameter changes (``log 2 pi``, known spreads, data)."""
         if self.objective == "chi2":
             return 0.0
-        mask = np.isfinite(e.data)
-        laplace = np.array([c.distribution == LAPLACE for c in e.noise_columns])
-        bases = [c.log_base for c in e.noise_columns]
-        n_laplace = int(np.sum(mask[:, laplace]))
-        c = 0.5 * math.log(2 * math.pi) * (e.n_measured - n_laplace)
-        if n_laplace:
-            c += math.log(2.0) * n_laplace
-        if e.sigma is not None:
-            c += float(np.sum(np.log(e.sigma[mask])))
-        else:
-            known = mask & np.isfinite(e.sigma_values)
-            if np.any(known):
-                c += float(np.sum(np.log(e.sigma_values[known])))
-        logs = np.array([b is not None for b in bases])
-        if logs.all():
-            c += float(np.sum(np.log(e.data[mask])))
-        elif logs.any():
-            c += float(np.sum(np.log(e.data[mask & logs[None, :]])))
-        for j, b in enumerate(bases):
-            if b is not None and b != math.e:
-                c += math.log(math.log(b)) * int(np.sum(mask[:, j]))
-        return c
+        sigma = e.sigma if e.sigma is not None else e.sigma_values
+        return float(term_constants(e.data[None], sigma[None], e.noise_columns)[0])
 
     def pack(self, group: Group, order: Sequence[int]) -> dict:
         """Arrays of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
         study = self.study
+        if study.arrays is not None:
+            return pack_arrays(study, study.array_plan, self._array_constants, group.members, order)
         n_lanes, m, k = len(order), group.n_times, group.k
         pad_source = group.members[0]
         n_par = len(study.problem.parameter_names)
@@ -401,7 +424,7 @@ class InferenceProblem:
                 fin = np.isfinite(e.data)
                 arr["mask"][lane, :mi] = fin
                 arr["data"][lane, :mi] = np.where(fin, e.data, 1.0)
-                arr["const"][lane] = self._constant(e)
+                arr["const"][lane] = self._object_constants[idx]
                 arr["valid"][lane] = True
             if e.sigma is not None:
                 arr["sigma"][lane, :mi] = e.sigma
@@ -453,7 +476,7 @@ class InferenceProblem:
     def terms(self, group: Group) -> LaneTerms:
         """The static part of ``group``'s per-experiment term (what its chunk programs compile from)."""
         return LaneTerms(self.study.problem, group, self.scale, tuple(int(i) for i in self.estimated),
-                         self._scales, int(self.solver.checkpoints))  # fmt: skip
+                         self._scales, int(self.solver.checkpoints), (self.n_theta, len(self.values)))  # fmt: skip
 
     def operands(self) -> TermOperands:
         """The numbers the chunk programs take as arguments (numpy)."""
@@ -478,6 +501,32 @@ class InferenceProblem:
         """The observables ``(m, k)`` of one experiment's states ``ys`` (:meth:`LaneTerms.observe`)."""
         return self.terms(group).observe(full, a, ys)
 
+    def _predicted_chunks(self, group: Group, theta, points: int = 0):
+        """``(rows, states, observables, status, curve_times, curve)`` of the group's experiments,
+        ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape)."""
+        import jax
+
+        ops = self.operands()
+        run = _prediction_program()
+        terms = self.terms(group)
+        members = member_array(group.members)
+        lanes = min(PREDICT_LANES, members.size)
+        for a in range(0, members.size, lanes):
+            rows = members[a : a + lanes]
+            order = np.full(lanes, -1, dtype=np.int64)
+            order[: rows.size] = rows
+            arrs = self.pack(group, order)
+            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
+            curve_t = curve = None
+            if points > 0 and not group.windows:
+                # From t0 to the last finite time (+inf times are the steady state, not on the curve).
+                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
+                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
+                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
+                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
+                curve_t, curve = dense["times"][: rows.size], curve[: rows.size]
+            yield rows, ys[: rows.size], hs[: rows.size], status[: rows.size], curve_t, curve
+
     def predict(self, theta, *, points: int = 0) -> dict:
         """What the model says at ``theta``, experiment by experiment (for results and plots).
 
@@ -489,41 +538,61 @@ class InferenceProblem:
         Returns:
             id -> ``{"times" (m,), "states" (m, n), "observables" (m, k), "status" (int: a
             ``ds.Status`` code)[, "curve_times" (points,), "curve" (points, k)]}``; the values of a
-            failed solve are NaN.
+            failed solve are NaN. (A study held as arrays: :meth:`predict_arrays` gives the same
+            numbers as arrays with an experiment axis.)
         """
-        import jax
-
         theta = np.asarray(theta, dtype=np.float64)
-        ops = self.operands()
-        run = _prediction_program()
+        arrays = self.study.arrays
+        ids = self.study.ids
         out = {}
         for group in self.groups:
-            arrs = self.pack(group, list(group.members))
-            terms = self.terms(group)
-            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
-            curve_t = curve = None
-            if points > 0 and not group.windows:
-                # From t0 to the last finite time (+inf times are the steady state, not on the curve).
-                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
-                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
-                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
-                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
-                curve_t = dense["times"]
-            for lane, i in enumerate(group.members):
-                e = self.study.experiments[i]
-                m = e.times.shape[0]
-                failed = int(status[lane]) != 0
-                rec = {"times": e.times.copy(), "states": np.array(ys[lane, :m], dtype=np.float64),
-                       "observables": np.array(hs[lane, :m], dtype=np.float64), "status": int(status[lane])}  # fmt: skip
-                if curve is not None:
-                    rec["curve_times"] = np.array(curve_t[lane], dtype=np.float64)
-                    rec["curve"] = np.array(curve[lane], dtype=np.float64)
-                if failed:
-                    for key in ("states", "observables", "curve"):
-                        if key in rec:
-                            rec[key][:] = np.nan
-                out[e.id] = rec
+            for rows, ys, hs, status, curve_t, curve in self._predicted_chunks(group, theta, points):
+                for lane, i in enumerate(rows.tolist()):
+                    if arrays is None:
+                        times = self.study.experiments[i].times
+                    else:
+                        times = arrays.times[i, : (arrays.n_times[i] if arrays.n_times is not None else arrays.shape[1])]
+                    m = times.shape[0]
+                    failed = int(status[lane]) != 0
+                    rec = {"times": np.array(times, dtype=np.float64), "states": np.array(ys[lane, :m], dtype=np.float64),
+                           "observables": np.array(hs[lane, :m], dtype=np.float64), "status": int(status[lane])}  # fmt: skip
+                    if curve is not None:
+                        rec["curve_times"] = np.array(curve_t[lane], dtype=np.float64)
+                        rec["curve"] = np.array(curve[lane], dtype=np.float64)
+                    if failed:
+                        for key in ("states", "observables", "curve"):
+                            if key in rec:
+                                rec[key][:] = np.nan
+                    out[ids[i]] = rec
         return out
+
+    def predict_arrays(self, theta) -> dict:
+        """:meth:`predict` of a study held as arrays, as arrays with an experiment axis: ``states``
+        ``(E, m, n)``, ``observables`` ``(E, m, k)`` (NaN for a failed solve and at padded times),
+        ``status`` ``(E,)``.
+
+        Raises:
+            ValueError: for a study of ``Experiment`` objects (use :meth:`predict`).
+        """
+        arrays = self.study.arrays
+        if arrays is None:
+            raise ValueError("predict_arrays: the study holds Experiment objects; use predict().")
+        theta = np.asarray(theta, dtype=np.float64)
+        E, m, k = arrays.shape
+        states = np.full((E, m, self.study.problem.n_states), np.nan)
+        observables = np.full((E, m, k), np.nan)
+        status = np.zeros(E, dtype=np.int32)
+        for group in self.groups:
+            for rows, ys, hs, st, _, _ in self._predicted_chunks(group, theta):
+                ok = np.asarray(st) == 0
+                states[rows[ok]] = ys[ok]
+                observables[rows[ok]] = hs[ok]
+                status[rows] = st
+        if arrays.n_times is not None:
+            padded = np.arange(m)[None, :] >= arrays.n_times[:, None]
+            states[padded] = np.nan
+            observables[padded] = np.nan
+        return {"states": states, "observables": observables, "status": status}
 
     def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
         """One experiment's term (:meth:`LaneTerms.lane` with this problem's operands)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Mapping, Sequence
@@ -9,6 +10,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ._experiment import Experiment
+from ._experiment_arrays import ExperimentArrays, ExperimentViews, check_levels, resolve_arrays
+from ._noise import Gaussian
 
 SCALES = ("lin", "log", "log10")
 EXPERIMENT_LEVEL = "experiment"
@@ -127,13 +130,19 @@ class Study:
     Args:
         problem: the model, a built ``ds.Problem`` (a ``ProblemSpec``/``ReactionNetwork`` is built
             with defaults).
-        experiments: the experiments (unique ids).
+        experiments: the experiments (unique ids). :meth:`from_arrays` and :meth:`from_table` build a
+            study of many experiments of one shape held as arrays (``study.arrays``), whose
+            ``study.experiments[i]`` are ``Experiment`` views built on access.
         parameters: the parameter table, a sequence of :class:`Parameter`.
         levels: level names, outermost first (e.g. ``("site", "patient")``); each experiment names
             its member of every level in ``Experiment.groups``, and each member of an inner level
             belongs to one member of every outer level.
 
     Attributes:
+        arrays: the experiments' arrays (``ExperimentArrays``) of a study built by
+            :meth:`from_arrays`/:meth:`from_table`, else None; ``array_plan`` where its numbers
+            come from (the vectorized ``resolved``).
+        ids: the experiment ids in study order (:meth:`index_of` finds one).
         entries: the expanded study parameters (one per parameter, or per member of its level).
         entry_names: their names.
         resolved: experiment id -> how its numbers come from the entries: ``plan`` (per model
@@ -161,25 +170,25 @@ class Study:
         *,
         levels: Sequence[str] = (),
     ):
-        from ..model import Problem, ProblemSpec, ReactionNetwork
-
-        if isinstance(problem, ReactionNetwork):
-            problem = problem.to_spec()
-        if isinstance(problem, ProblemSpec):
-            problem = problem.build()
-        if not isinstance(problem, Problem):
-            raise TypeError(f"Study: problem must be a ds.Problem (spec.build()), not {type(problem).__name__}.")
+        problem = problem_of(problem)
         self.problem = problem
-        self.experiments = tuple(experiments)
-        if not self.experiments:
+        # A study held as arrays (Study.from_arrays / from_table) keeps no object per experiment.
+        self.arrays = experiments if isinstance(experiments, ExperimentArrays) else None
+        if self.arrays is not None:
+            self.experiments = ExperimentViews(self.arrays)
+        else:
+            self.experiments = tuple(experiments)
+        if not len(self.experiments):
             raise ValueError("Study: experiments is empty; a study needs at least one experiment.")
-        for e in self.experiments:
-            if not isinstance(e, Experiment):
-                raise TypeError(f"Study: experiments must be ds.Experiment objects, got {type(e).__name__}.")
-        ids = [e.id for e in self.experiments]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"Study: duplicate experiment ids {dup}; ids must be unique.")
+        if self.arrays is None:
+            for e in self.experiments:
+                if not isinstance(e, Experiment):
+                    raise TypeError(f"Study: experiments must be ds.Experiment objects, got {type(e).__name__}.")
+            ids = [e.id for e in self.experiments]
+            counts = collections.Counter(ids)
+            dup = sorted(i for i, c in counts.items() if c > 1)
+            if dup:
+                raise ValueError(f"Study: duplicate experiment ids {dup}; ids must be unique.")
         self.parameters = tuple(parameters)
         for p in self.parameters:
             if not isinstance(p, Parameter):
@@ -197,12 +206,148 @@ class Study:
                     f"Study: Parameter {p.name!r} has level={p.level!r}, not one of the study's levels "
                     f"{self.levels} (or 'experiment')."
                 )
-        self._check_levels()
+        if self.arrays is None:
+            self._check_levels()
+        else:
+            check_levels(self.arrays, self.levels)
         self.table = {p.name: p for p in self.parameters}
         self.entries = self._expand()
         self.entry_names = tuple(e.name for e in self.entries)
         self.entry_index = {n: i for i, n in enumerate(self.entry_names)}
-        self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+        if self.arrays is None:
+            self.array_plan = None
+            self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+        else:
+            self.array_plan = resolve_arrays(self)
+            self.resolved = _LazyResolved(self)
+            self._check_array_functions()
+
+    @classmethod
+    def from_arrays(
+        cls,
+        problem: Any,
+        times: Any,
+        data: Any,
+        *,
+        parameters: Sequence[Parameter],
+        ids: Any = None,
+        y0: Any = None,
+        conditions: Mapping[str, Any] | None = None,
+        noise: Any = None,
+        groups: Mapping[str, Any] | None = None,
+        levels: Sequence[str] | None = None,
+        observables: Any = None,
+        t0: Any = 0.0,
+    ) -> "Study":
+        """A study of many experiments of one shape given as arrays with a leading experiment axis.
+
+        The study holds the arrays (no ``Experiment`` object per experiment): lowering packs chunks
+        from them by indexing, and ``study.experiments[i]`` builds an ``Experiment`` view of row
+        ``i``. NumPy arrays are kept as given (float64, no copy); Dask and Zarr arrays are read
+        chunk by chunk along the experiment axis into NumPy.
+
+        Args:
+            problem: the model (as for ``Study``).
+            times: measurement times ``(m,)`` shared by all experiments, or ``(E, m)``; NaN at the
+                end of a row pads an experiment with fewer times (its data there must be NaN);
+                ``+inf`` at the end measures the steady state.
+            data: measured values ``(E, m, k)`` (``(E, m)`` reads as ``k = 1``), NaN where missing.
+            parameters: the parameter table (``ds.inference.Parameter`` rows).
+            ids: ``(E,)`` unique experiment ids (default ``"0"``, ``"1"``, ...).
+            y0: None (the model's), ``(n,)``, ``(E, n)``, or a mapping state name -> a number or
+                ``(E,)`` values overriding the model's ``y0``.
+            conditions: model parameter name -> a number or ``(E,)`` fixed values; NaN leaves that
+                experiment's value to the parameter table (or the model's default).
+            noise: one noise model for all columns (default ``Gaussian()``) or one per column; its
+                spread a number, an array broadcastable to ``(E, m, k)`` (per column: ``(E, m)``),
+                one study parameter's name, or a callable (as for ``Experiment``).
+            groups: level name -> ``(E,)`` member names.
+            levels: the study's levels, outermost first (default: the keys of ``groups``).
+            observables: the observables function shared by all experiments (None: every state).
+            t0: initial time, a number or ``(E,)``.
+
+        Raises:
+            ValueError: naming the experiment (id and row) and the field, with the fix: Inf or no
+                data, times out of order or before ``t0``, non-positive spreads, unknown condition
+                or state names, a level member in two outer members, shapes that do not match.
+        """
+        from ._experiment_arrays import experiment_arrays
+
+        problem = problem_of(problem)
+        arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conditions,
+                                   noise=Gaussian() if noise is None else noise, groups=groups,
+                                   observables=observables, t0=t0)  # fmt: skip
+        return cls(problem, arrays, parameters, levels=tuple(groups or ()) if levels is None else levels)
+
+    @classmethod
+    def from_table(cls, problem: Any, table: Any, *, parameters: Sequence[Parameter], **options: Any) -> "Study":
+        """A study of the experiments of a table, held as arrays as by :meth:`from_arrays`.
+
+        Long format: one row per measured value, with columns ``experiment`` (id), ``time``,
+        ``observable`` (name) and ``value`` (NaN: missing), optionally ``sigma``. Wide format
+        (no ``observable``/``value`` columns): one row per time of an experiment, a column per
+        observable and optionally ``sigma:<observable>`` columns (the study files' data files).
+        Either may hold condition, level and initial-state columns (one value per experiment).
+        Experiments come in order of first appearance, each one's rows by time; a replicate (the
+        same experiment, time and observable) gets a time row of its own. Pivoting is vectorized
+        (no loop over experiments).
+
+        Args:
+            problem: the model.
+            table: a pandas ``DataFrame``, a pyarrow ``Table``, or the path of a Parquet, CSV or
+                TSV file.
+            parameters: the parameter table.
+            experiment, time, observable, value, sigma: the column names (defaults: those words;
+                ``sigma=None`` ignores a spread column; an empty spread keeps the noise model's).
+            conditions: columns named by model parameters, or a mapping model parameter ->
+                column (NaN: the experiment leaves it to the parameter table).
+            condition, condition_table: a column of condition ids and a ``DataFrame`` indexed by
+                condition id whose columns are model parameters.
+            groups: level columns outermost first, or a mapping level -> column; levels: the
+                study's levels (default: those of ``groups``).
+            observable_names: the observables in column order (default: the model's states when
+                ``observables`` is None, else the long table's names in order of first appearance).
+            observables, noise, t0: as for :meth:`from_arrays`; y0: as there, or a mapping state
+                -> column name (``{"A": "A0"}``).
+
+        Raises:
+            ValueError: naming the row, its experiment id and the column at fault (a missing
+                column, an unknown observable, a NaN time, a time before ``t0``, a non-finite
+                value, a spread that is not positive, a condition or member that changes within
+                an experiment), or, after pivoting, the experiment and the field as
+                :meth:`from_arrays` does.
+        """
+        from ._study_table import study_arrays_of_table
+
+        problem = problem_of(problem)
+        arrays, levels = study_arrays_of_table(problem, table, **options)
+        return cls(problem, arrays, parameters, levels=levels)
+
+    @property
+    def ids(self) -> tuple:
+        """The experiment ids in study order."""
+        if self.arrays is not None:
+            return tuple(self.arrays.ids.tolist())
+        return tuple(e.id for e in self.experiments)
+
+    def index_of(self, experiment_id: str) -> int | None:
+        """The study index of an experiment id (None if unknown)."""
+        if self.arrays is not None:
+            return self.arrays.index_of(experiment_id)
+        if getattr(self, "_id_index", None) is None:
+            self._id_index = {e.id: i for i, e in enumerate(self.experiments)}
+        return self._id_index.get(experiment_id)
+
+    def _check_array_functions(self) -> None:
+        """Trace the shared observables and callables once (the count of observables, shapes)."""
+        view = self.arrays.experiment(0)
+        k = self._observable_count(view)
+        if k != self.arrays.shape[2]:
+            raise ValueError(
+                f"Study: data has {self.arrays.shape[2]} observable column(s); the observables give {k} value(s) per "
+                f"time, so data must be (experiments, times, {k})."
+            )  # fmt: skip
+        self._check_functions(view, {"k": k, "y0_function": None, "pre": None, "observable_plan": ()})
 
     # -- construction helpers -------------------------------------------------------------------
     def _check_levels(self):
@@ -226,9 +371,11 @@ class Study:
     def members(self, level: str) -> tuple[str, ...]:
         """Members of a level (or the experiment ids for ``"experiment"``), in order of first appearance."""
         if level == EXPERIMENT_LEVEL:
-            return tuple(e.id for e in self.experiments)
+            return self.ids
         if level not in self.levels:
             raise ValueError(f"Study: unknown level {level!r}; levels are {self.levels}.")
+        if self.arrays is not None:
+            return self.arrays.groups[level][1]
         return tuple(dict.fromkeys(e.groups[level] for e in self.experiments))
 
     def _expand(self):
@@ -372,9 +519,9 @@ class Study:
         ``sigma_entry`` (the one entry of a single named spread, as ``noise.sigma="name"``, else -1)."""
         entries = np.full(e.data.shape, -1, dtype=np.int64)
         shared = not isinstance(e.noise, (list, tuple))
-        for (i, j), name in np.ndenumerate(e.sigma_names):
-            if name is None:
-                continue
+        named = np.not_equal(e.sigma_names, None)
+        for i, j in zip(*np.nonzero(named)):
+            name = e.sigma_names[i, j]
             model = e.noise_columns[j]
             label = f"noise.{model.spread_field}" if shared else f"noise[{j}].{model.spread_field}"
             if name not in self.table:
@@ -423,6 +570,11 @@ class Study:
 
         prob = self.problem
         n, k = prob.n_states, resolved["k"]
+        has_functions = (resolved["y0_function"] is not None or (resolved["pre"] or {}).get("y0_function") is not None
+                         or any(f is not None for f in e.sigma_functions) or callable(e.discontinuities)
+                         or any(callable(r.time) for r in e.resets))  # fmt: skip
+        if not has_functions:  # nothing to trace (most experiments): skip building the shapes
+            return
         p = {name: jax.ShapeDtypeStruct((), prob.dtype) for name in prob.parameter_names}
         po = dict(p, **{name: jax.ShapeDtypeStruct((), prob.dtype) for name, _ in resolved["observable_plan"]})
         scalar = jax.ShapeDtypeStruct((), prob.dtype)
@@ -466,6 +618,15 @@ class Study:
         prob = self.problem
         if e.observables is None:
             return prob.n_states
+        # Experiments sharing an observables function (and its parameters' names) trace it once.
+        key = (e.observables, e.observables_take_time, tuple(sorted(e.observable_parameters)))
+        cache = self.__dict__.setdefault("_observable_counts", {})
+        if key not in cache:
+            cache[key] = self._traced_observable_count(e)
+        return cache[key]
+
+    def _traced_observable_count(self, e: Experiment) -> int:
+        prob = self.problem
         import jax
         import jax.numpy as jnp
 
@@ -489,7 +650,12 @@ class Study:
 
     # -- use ------------------------------------------------------------------------------------
     def replace(self, *, experiments: Sequence[Experiment]) -> "Study":
-        """The same study with other experiments (e.g. reordered)."""
+        """The same study with other experiments (e.g. reordered); views of this study's arrays
+        (``study.experiments[i]``) stay arrays."""
+        if self.arrays is not None and not isinstance(experiments, ExperimentArrays):
+            sources = [getattr(e, "_array_source", (None, None)) for e in experiments]
+            if sources and all(a is self.arrays for a, _ in sources):
+                experiments = self.arrays.take([i for _, i in sources])
         return Study(self.problem, experiments, self.parameters, levels=self.levels)
 
     def nominal_values(self) -> np.ndarray:
@@ -504,6 +670,39 @@ class Study:
             f"Study({self.problem.spec.name!r}, experiments={len(self.experiments)}, "
             f"parameters={len(self.entries)}, levels={self.levels})"
         )
+
+
+def problem_of(problem: Any) -> Any:
+    """A built ``ds.Problem`` of a problem, spec or reaction network."""
+    from ..model import Problem, ProblemSpec, ReactionNetwork
+
+    if isinstance(problem, ReactionNetwork):
+        problem = problem.to_spec()
+    if isinstance(problem, ProblemSpec):
+        problem = problem.build()
+    if not isinstance(problem, Problem):
+        raise TypeError(f"Study: problem must be a ds.Problem (spec.build()), not {type(problem).__name__}.")
+    return problem
+
+
+class _LazyResolved(Mapping):
+    """``study.resolved`` of a study held as arrays: an experiment's resolution, computed from its
+    view when asked for (lowering reads ``study.array_plan`` instead)."""
+
+    def __init__(self, study: Study):
+        self._study = study
+
+    def __getitem__(self, experiment_id: str) -> dict:
+        i = self._study.index_of(experiment_id)
+        if i is None:
+            raise KeyError(experiment_id)
+        return self._study._resolve(self._study.experiments[i])
+
+    def __iter__(self):
+        return iter(self._study.ids)
+
+    def __len__(self) -> int:
+        return len(self._study.experiments)
 
 
 def entries_by_name(study: Study, values: Mapping[str, float] | None) -> np.ndarray:

@@ -32,6 +32,13 @@ from ._noise import LAPLACE
 SIGMA_FIXED, SIGMA_ENTRY, SIGMA_CELLS = "fixed", "entry", "cells"
 
 
+def member_array(members) -> np.ndarray:
+    """Study indices as an int64 array (a ``range``, a group of a study of arrays, without a loop)."""
+    if isinstance(members, range):
+        return np.arange(members.start, members.stop, members.step, dtype=np.int64)
+    return np.asarray(members, dtype=np.int64)
+
+
 @dataclasses.dataclass(frozen=True)
 class Preequilibrated:
     """The static part of a group's pre-equilibration: its ``y0`` callable (or None), whether its
@@ -69,7 +76,9 @@ class Group:
     sigma: str
     k: int
     n_times: int
-    members: tuple  # indices into study.experiments
+    # Indices into study.experiments (a range for a study held as arrays); not part of what the
+    # group's programs compile from, so groups of the same shape share their programs.
+    members: tuple = dataclasses.field(compare=False)
     windows: int | None = None  # multiple shooting: windows per experiment (None: single shooting)
     window_points: int = 0  # most output times of a window (its measurements and its end)
     n_states: int = 0
@@ -182,6 +191,8 @@ class LaneTerms:
         estimated: study entry indices of the estimated parameters, in ``theta`` order.
         scales: their scales (``"lin"``, ``"log"``, ``"log10"``).
         checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
+        shapes: the lengths of ``theta`` (window starts included) and of the entries' values: the
+            programs' argument shapes besides the packed arrays (which the group's fields fix).
     """
 
     problem: Any
@@ -190,6 +201,7 @@ class LaneTerms:
     estimated: tuple
     scales: tuple
     checkpoints: int
+    shapes: tuple = ()
 
     def full_vector(self, theta, ops: TermOperands):
         """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""

@@ -25,6 +25,7 @@ __getattr__, __dir__ = lazy_attributes(
         "WindowStoreWarning": "diffsoup.store._windows",
         "write_fit": "diffsoup.store._results",
         "read_fit": "diffsoup.store._results",
+        "read_experiment_arrays": "diffsoup.store._results",
         "write_simulation": "diffsoup.store._results",
         "write_summary": "diffsoup.store._results",
         "EnsembleStore": "diffsoup.store._ensemble_store",

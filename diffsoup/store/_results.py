@@ -18,8 +18,21 @@ Fit store layout (Zarr v3, ``format = "diffsoup.fit/1"``)::
             data                      float64 (m, k): the measured values (NaN: missing)
             window_starts             float64 (W-1, n): fitted window starts (multiple shooting only)
 
+A study held as arrays (``ds.Study.from_arrays``/``from_table``) is written with an experiment
+axis instead of one group per experiment (``experiments`` attrs: ``layout = "arrays"``,
+``observables``)::
+
+        experiments/                  attrs: layout ("arrays"), observables (names)
+            ids                       str (E,): experiment ids, in study order
+            times                     float64 (E, m): measurement times (padded with the last time)
+            n_times                   int32 (E,): measurement times per experiment
+            states                    float64 (E, m, n)
+            observables               float64 (E, m, k)
+            data                      float64 (E, m, k)
+            status_code               int32 (E,): the ds.Status code of each solve
+
 A simulation store (``format = "diffsoup.simulation/1"``, kind "simulation") has the same
-``experiments/<i>`` groups (without a fit) and attrs ``parameters`` (the values simulated).
+``experiments`` (without a fit) and attrs ``parameters`` (the values simulated).
 
 A store is written in a temporary directory beside ``path`` and renamed into place, so a reader
 never sees half a result.
@@ -66,9 +79,54 @@ def _atomic_group(path: Path, overwrite: bool, who: str) -> Iterator[Any]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+# Experiments per chunk of the arrays of a study held as arrays.
+ARRAY_CHUNK_ROWS = 65536
+
+
+def _write_experiment_arrays(root: Any, study: Any, predicted: Mapping[str, Any], observables: Mapping | None) -> None:
+    """The ``experiments`` of a study held as arrays, with an experiment axis (``predicted``:
+    ``InferenceProblem.predict_arrays``)."""
+    arrays = study.arrays
+    E, m, k = arrays.shape
+    g = root.create_group("experiments")
+    names = list((observables or {}).get(str(arrays.ids[0]), [])) if observables else []
+    g.attrs.update(layout="arrays", observables=names)
+    n_times = arrays.n_times if arrays.n_times is not None else np.full(E, m, dtype=np.int32)
+
+    def put(name, data):
+        data = np.ascontiguousarray(data)
+        g.create_array(name, data=data, chunks=(min(E, ARRAY_CHUNK_ROWS),) + data.shape[1:])
+
+    put("ids", np.asarray(arrays.ids, dtype=str))
+    put("times", np.asarray(arrays.times, dtype=np.float64))
+    put("n_times", np.asarray(n_times, dtype=np.int32))
+    put("states", np.asarray(predicted["states"], dtype=np.float64))
+    put("observables", np.asarray(predicted["observables"], dtype=np.float64))
+    put("data", np.asarray(arrays.data, dtype=np.float64))
+    put("status_code", np.asarray(predicted["status"], dtype=np.int32))
+
+
+def _predicted_arrays(problem: Any, predictions: Mapping[str, dict] | None, theta: Any) -> dict:
+    """``predict_arrays`` of a study held as arrays, from per-experiment ``predictions`` when given."""
+    if predictions is None:
+        return problem.predict_arrays(theta)
+    arrays = problem.study.arrays
+    E, m, k = arrays.shape
+    out = {"states": np.full((E, m, problem.study.problem.n_states), np.nan), "observables": np.full((E, m, k), np.nan),
+           "status": np.zeros(E, dtype=np.int32)}  # fmt: skip
+    for i, eid in enumerate(arrays.ids.tolist()):
+        p = predictions[eid]
+        mi = p["states"].shape[0]
+        out["states"][i, :mi], out["observables"][i, :mi], out["status"][i] = p["states"], p["observables"], p["status"]
+    return out
+
+
 def _write_experiments(root: Any, study: Any, predictions: Mapping[str, dict], observables: Mapping | None) -> None:
     from ..integrate import Status
 
+    if study.arrays is not None:
+        _write_experiment_arrays(root, study, predictions, observables)
+        return
     for i, e in enumerate(study.experiments):
         p = predictions[e.id]
         g = root.create_group(f"experiments/{i}")
@@ -108,9 +166,12 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, 
         raise ValueError(
             "write_fit: result.theta_names differ from the lowered study's; pass the study that was fitted."
         )
-    predictions = dict(predictions or problem.predict(result.theta))
-    for eid, starts in problem.window_values(result.theta).items():
-        predictions[eid] = {**predictions[eid], "window_starts": starts}
+    if problem.study.arrays is not None:
+        predictions = _predicted_arrays(problem, predictions, result.theta)
+    else:
+        predictions = dict(predictions or problem.predict(result.theta))
+        for eid, starts in problem.window_values(result.theta).items():
+            predictions[eid] = {**predictions[eid], "window_starts": starts}
     with _atomic_group(Path(path), overwrite, "write_fit") as root:
         root.create_array("theta", data=np.asarray(result.theta, dtype=np.float64))
         root.create_array("covariance", data=np.asarray(result.covariance, dtype=np.float64))
@@ -129,11 +190,14 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, 
 
 def write_simulation(path: Any, study: Any, predictions: Mapping[str, dict], parameters: Mapping[str, float], *,
                      observables: Mapping | None = None, overwrite: bool = False) -> Path:  # fmt: skip
-    """Write simulated trajectories (``InferenceProblem.predict``) of a study to a Zarr store.
+    """Write simulated trajectories (``InferenceProblem.predict``) of a study to a Zarr store
+    (a study held as arrays: ``predictions`` may also be ``InferenceProblem.predict_arrays``).
 
     Raises:
         FileExistsError: if ``path`` exists and ``overwrite`` is False.
     """
+    if study.arrays is not None and "states" not in predictions:
+        predictions = _predicted_arrays(_ArraysOnly(study), predictions, None)
     with _atomic_group(Path(path), overwrite, "write_simulation") as root:
         _write_experiments(root, study, predictions, observables)
         root.attrs.update(format=SIMULATION_FORMAT, kind="simulation",
@@ -142,13 +206,38 @@ def write_simulation(path: Any, study: Any, predictions: Mapping[str, dict], par
     return Path(path)
 
 
+class _ArraysOnly:
+    """What ``_predicted_arrays`` reads of a problem, for a study alone."""
+
+    def __init__(self, study: Any):
+        self.study = study
+
+
+def read_experiment_arrays(path: Any) -> dict:
+    """The experiments of a store as arrays with an experiment axis: ``ids`` ``(E,)``, ``times``
+    ``(E, m)``, ``n_times`` ``(E,)``, ``states`` ``(E, m, n)``, ``observables`` ``(E, m, k)``,
+    ``data`` ``(E, m, k)``, ``status_code`` ``(E,)`` (zarr arrays, read lazily), for a store
+    written from a study held as arrays.
+
+    Raises:
+        ValueError: if the store keeps one group per experiment (read it with :func:`read_fit`).
+    """
+    import zarr
+
+    group = zarr.open_group(str(path), mode="r")["experiments"]
+    if group.attrs.get("layout") != "arrays":
+        raise ValueError(f"read_experiment_arrays: {path} keeps one group per experiment; read it with read_fit().")
+    return {name: group[name] for name in group.array_keys()}
+
+
 def read_fit(path: Any) -> dict:
-    """Read a store written by :func:`write_fit` (or :func:`write_simulation`).
+    """Read a store written by :func:`write_fit` (or :func:`write_simulation`), in either layout.
 
     Returns:
         ``{"attrs", "experiments": {id: {"times", "states", "observables", "data"[, "window_starts"],
         "status"}}}`` and, for a fit, ``"theta"``, ``"covariance"``, ``"starts"`` (``x0``, ``x``,
-        ``objective``).
+        ``objective``). (A store of many experiments reads faster as arrays:
+        :func:`read_experiment_arrays`.)
 
     Raises:
         ValueError: if the store is incomplete or not a diffsoup result.
@@ -161,6 +250,8 @@ def read_fit(path: Any) -> dict:
         raise ValueError(f"read_fit: {path} is not a complete diffsoup result store (format {attrs.get('format')!r}).")
     exps = {}
     group = root["experiments"]
+    if group.attrs.get("layout") == "arrays":
+        exps = _experiments_of_arrays(group)
     for i in range(len(list(group.group_keys()))):
         g = group[str(i)]
         exps[g.attrs["id"]] = {name: np.asarray(g[name][...]) for name in g.array_keys()}
@@ -169,6 +260,21 @@ def read_fit(path: Any) -> dict:
     if attrs["format"] == FORMAT:
         out.update(theta=np.asarray(root["theta"][...]), covariance=np.asarray(root["covariance"][...]),
                    starts={k: np.asarray(root[f"starts/{k}"][...]) for k in ("x0", "x", "objective")})  # fmt: skip
+    return out
+
+
+def _experiments_of_arrays(group: Any) -> dict:
+    """``read_fit``'s per-experiment records of the array layout."""
+    from ..integrate import Status
+
+    a = {name: np.asarray(group[name][...]) for name in group.array_keys()}
+    codes = set(int(c) for c in Status)
+    out = {}
+    for i, eid in enumerate(a["ids"].tolist()):
+        m = int(a["n_times"][i])
+        code = int(a["status_code"][i])
+        out[str(eid)] = {"times": a["times"][i, :m], "states": a["states"][i, :m], "observables": a["observables"][i, :m],
+                         "data": a["data"][i, :m], "status": Status(code).name if code in codes else str(code)}  # fmt: skip
     return out
 
 
