@@ -36,7 +36,9 @@ objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
                                     [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
 
-``--quick`` (about 15 minutes on a 2-core CPU): 5 starts on Boehm, Bruno and Fujita. Writes
+``--quick`` (about 10 minutes on a 2-core CPU): 8 starts on Boehm and Bruno, the two problems
+whose starts take seconds (a start on Brannmark, Fujita or Weber takes one to several minutes with
+either tool; ``--models Brannmark --methods fides --starts 5`` measures one of them alone). Writes
 ``benchmarks/results/bench_fits.json`` (``bench_fits_quick.json`` for ``--quick``) and prints a table.
 """
 
@@ -61,8 +63,8 @@ HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared" / "petab"
 DATA = SHARED if SHARED.is_dir() else HERE.parent / "tests" / "data" / "petab"
 MODELS = ["Boehm_JProteomeRes2014", "Bruno_JExpBot2016", "Fujita_SciSignal2010", "Brannmark_JBC2010", "Weber_BMC2015"]
-QUICK_MODELS = ["Boehm", "Bruno", "Fujita"]
-QUICK_STARTS, FULL_STARTS = 5, 20
+QUICK_MODELS = ["Boehm", "Bruno"]
+QUICK_STARTS, FULL_STARTS = 8, 20
 METHODS = ("fides", "trf", "lbfgsb")
 DEFAULT_METHOD = "fides"
 RTOL = ATOL = 1e-8
@@ -275,6 +277,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
+    parser.add_argument("--json", type=Path, help="where the results go (default benchmarks/results/bench_fits.json, "
+                        "bench_fits_quick.json for --quick)")  # fmt: skip
     args = parser.parse_args()
     if DEFAULT_METHOD not in args.methods:
         parser.error(f"--methods must include {DEFAULT_METHOD} (the targets are judged on it)")
@@ -289,7 +293,14 @@ def main() -> None:
     python = None if args.no_amici else (args.amici_python or default_amici_python())
     machine = machine_info()
     t_all = time.perf_counter()
-    results = {}
+    results: dict = {}
+    out = args.json or RESULTS / ("bench_fits_quick.json" if args.quick else "bench_fits.json")
+
+    def save(results: dict, *, complete: bool, table: str | None = None) -> None:
+        write_json(out, {"machine": machine, "starts": n_starts, "seed": args.seed, "methods": args.methods,
+                         "rtol": RTOL, "atol": ATOL, "judge_tol": JUDGE_TOL, "converged_within": CONVERGED,
+                         "time_target": TIME_TARGET, "amici_python": python, "complete": complete,
+                         "seconds": time.perf_counter() - t_all, "results": results, "table": table})  # fmt: skip
     for name in chosen:
         print(f"[bench_fits] {name}: {n_starts} starts (load {os.getloadavg()[0]:.1f}) ...", flush=True)
         problem = load(name)
@@ -299,6 +310,7 @@ def main() -> None:
         judged = judge(problem, end_points(d, p, problem.theta_names))
         results[name] = {"theta_names": list(problem.theta_names), "start_points": points.tolist(), "diffsoup": d,
                          PYPESTO: p, "compare": compare(name, d, p, judged)}  # fmt: skip
+        save(results, complete=False)  # what is done so far survives an interrupted run
     text = table(results)
     print()
     print(text)
@@ -313,10 +325,7 @@ def main() -> None:
           f"all; load average {machine['load_average_at_start'][0]:.1f} at the start, {os.getloadavg()[0]:.1f} at "
           "the end (2 cores: wall-clock times stretch with it).")  # fmt: skip
     machine["load_average_at_end"] = os.getloadavg()
-    out = RESULTS / ("bench_fits_quick.json" if args.quick else "bench_fits.json")
-    write_json(out, {"machine": machine, "starts": n_starts, "seed": args.seed, "rtol": RTOL, "atol": ATOL,
-                     "converged_within": CONVERGED, "time_target": TIME_TARGET, "amici_python": python,
-                     "seconds": time.perf_counter() - t_all, "results": results, "table": text})  # fmt: skip
+    save(results, complete=True, table=text)
 
 
 if __name__ == "__main__":

@@ -421,21 +421,31 @@ data = "decay.csv"
 '''
 
 
+def fitted_decay_study(folder):
+    """The decay model and data set 0 of tests/fit_helpers.py as a study file in ``folder``, fitted
+    into ``folder/fit`` (in this process); returns the fit's summary."""
+    import pandas as pd
+    from fit_helpers import SIGMA, TIMES, data
+
+    from diffsoup.workflows import fit_study
+
+    (folder / "model.py").write_text(DECAY_MODEL)
+    (folder / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
+    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(folder / "decay.csv", index=False, float_format="%.17g")
+    return fit_study(folder / "study.toml", folder / "fit", method="fides", starts=2, progress=False, plots=False,
+                     log=lambda line: None)  # fmt: skip
+
+
 def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, capsys):
     """``h(t) = A exp(-k t)`` with Gaussian noise (tests/fit_helpers.py) as a study file: the
     intervals of ``diffsoup profile`` match scipy's profile of the closed form; a rerun reads the
     profiles from the ledger."""
     import pandas as pd
-    from fit_helpers import SIGMA, TIMES, closed_form_interval, data
+    from fit_helpers import closed_form_interval
 
     from diffsoup import cli
-    from diffsoup.workflows import fit_study
 
-    (tmp_path / "model.py").write_text(DECAY_MODEL)
-    (tmp_path / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
-    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(tmp_path / "decay.csv", index=False, float_format="%.17g")
-    fit = fit_study(tmp_path / "study.toml", tmp_path / "fit", method="fides", starts=2, progress=False, plots=False,
-                    log=lambda line: None)  # fmt: skip
+    fit = fitted_decay_study(tmp_path)
     out = tmp_path / "profiles"
     assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o", str(out),
                      "--in-process"]) == 0  # fmt: skip
@@ -473,6 +483,25 @@ def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, c
     assert wider["lower"] < table.loc["k", "lower"] and wider["upper"] > table.loc["k", "upper"]
     lo, hi = closed_form_interval(0, 1, 0.5 * 6.634896601021214)  # chi2.ppf(0.99, 1) / 2
     assert abs(wider["lower"] - lo) < 5e-3 * fit["standard_errors"]["k"]
+
+
+@pytest.mark.slow
+def test_profile_command_runs_each_profile_as_a_task_on_the_embedded_dask_cluster(tmp_path):
+    fitted_decay_study(tmp_path)
+    here = tmp_path / "here"
+    diffsoup("profile", tmp_path / "study.toml", "--from-fit", tmp_path / "fit", "-o", here, "--in-process", "--no-plots")
+    out = tmp_path / "dask"
+    proc = diffsoup("profile", tmp_path / "study.toml", "--from-fit", tmp_path / "fit", "-o", out, "--workers", 2,
+                    "--no-plots")  # fmt: skip
+    assert "profiles: 2 of 2 computed (0 from an earlier run), 0 failed" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["where"].startswith("Dask scheduler tcp://127.0.0.1:")
+    ledger = json.loads((out / "profile-ledger.json").read_text())["tasks"]
+    assert all(r["worker"].startswith("tcp://127.0.0.1:") for r in ledger.values())
+    in_process = json.loads((here / "summary.json").read_text())["intervals"]
+    for name, row in summary["intervals"].items():  # the same computation, wherever it ran
+        assert row["lower"] == pytest.approx(in_process[name]["lower"], abs=1e-9)
+        assert row["upper"] == pytest.approx(in_process[name]["upper"], abs=1e-9)
 
 
 def test_profile_command_names_what_is_wrong_in_one_line(tmp_path, capsys):
