@@ -473,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
         return RUN_ERROR
+    finally:  # a caller running the command in-process does not keep its progress lines
+        from .workflows._compile_progress import remove_compile_progress
+
+        remove_compile_progress()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,11 @@
 """Test configuration: float64 on (diffsoup's default policy needs it), CPU unless a test asks."""
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
+# The suite's compiled programs go to a folder of its own, never the user's ~/.cache/diffsoup.
+os.environ.setdefault("DIFFSOUP_CACHE_DIR", tempfile.mkdtemp(prefix="diffsoup-test-cache-"))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -24,6 +27,23 @@ def rober_problem():
     from diffsoup.examples import rober
 
     return rober().build()
+
+
+@pytest.fixture(autouse=True)
+def _compilation_cache_as_it_was():
+    """A test that runs the command in-process turns JAX's persistent cache on (as the command
+    does); the tests after it run with the cache as it was. (A full suite with the cache on from
+    the command's tests onwards once aborted inside XLA's executable serialization, 400 tests
+    later; not reproduced in smaller runs.)"""
+    from jax._src import compilation_cache
+
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    yield
+    after = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    if after != before:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        compilation_cache.reset_cache()
 
 
 @pytest.fixture(autouse=True)

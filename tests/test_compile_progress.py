@@ -55,3 +55,19 @@ def test_records_without_compile_information_are_ignored():
     handler = CompileProgress(lines.append)
     handler.emit(logging.LogRecord("diffsoup.compile", logging.INFO, __file__, 1, "other", (), None))
     assert lines == []
+
+
+def test_the_command_leaves_no_progress_handler_behind(tmp_path, capsys):
+    """The command prints progress while it runs; a caller that runs it in-process (a notebook, a
+    test) gets its logger back as it was, with no ticker left running."""
+    import logging
+
+    from diffsoup.cli import main
+    from diffsoup.workflows._compile_progress import remove_compile_progress
+
+    remove_compile_progress()
+    study = tmp_path / "missing.toml"
+    study.write_text("this is not a study file\n")
+    main(["check", str(study)])
+    logger = logging.getLogger("diffsoup.compile")
+    assert not any(isinstance(h, CompileProgress) for h in logger.handlers)

@@ -242,6 +242,27 @@ def test_standin_vmap_becomes_a_uniform_batch_or_a_multi_rhs_solve():
         np.testing.assert_allclose(np.asarray(rhs[i]), np.linalg.solve(dense, np.asarray(bs[i])), rtol=1e-12)
 
 
+def test_standin_pattern_batched_as_copies_is_unbatched():
+    """A ``lax.cond`` with a batched predicate (lanes taking different branches under vmap)
+    broadcasts every operand of its branches, the pattern's arrays included: the batching rules
+    take one copy, since one prepared solver has one pattern."""
+    prep, values, dense = _standin_prepared(_nonsymmetric(25, 3))
+    bs = jnp.asarray(np.random.default_rng(3).standard_normal((4, 25)))
+    scales = jnp.array([0.5, 1.5, 0.8, 2.0])
+
+    def one(s, b):
+        solve_scaled = lambda: _solve(prep, values * s, b, "fp64")[0]  # noqa: E731
+        solve_plain = lambda: _solve(prep, values, b, "fp64")[0]  # noqa: E731
+        return jax.lax.cond(s > 1.0, solve_scaled, solve_plain)
+
+    jaxpr = str(jax.make_jaxpr(jax.vmap(one))(scales, bs))
+    assert "diffsoup_cudss_solve" in jaxpr
+    got = jax.vmap(one)(scales, bs)
+    for i, s in enumerate(np.asarray(scales)):
+        expected = np.linalg.solve(dense * (s if s > 1.0 else 1.0), np.asarray(bs[i]))
+        np.testing.assert_allclose(np.asarray(got[i]), expected, rtol=1e-12)
+
+
 def test_standin_non_finite_values_are_a_failed_solve():
     prep, values, _ = _standin_prepared(_nonsymmetric(20, 2))
     x, info, _ = _solve(prep, values.at[3].set(jnp.nan), jnp.ones(20), "fp64")
@@ -266,6 +287,45 @@ def test_standin_simulate_forward_sensitivities_and_adjoint_match_dense():
     scales = jnp.array([0.9, 1.1])
     batched = jax.vmap(lambda s: ys(cu, p0 * s, ds.ForwardMode()))(scales)
     np.testing.assert_allclose(batched[1], ys(klu, p0 * 1.1, ds.ForwardMode()), rtol=1e-9)
+
+
+def _brusselator_study(linear_solver, n=4, experiments=3, windows=False):
+    """A study of Brusselators (one per value of ``B``), every u observed at two times."""
+    problem = ds.examples.brusselator_2d(n).build(linear_solver=linear_solver)
+    times = np.array([0.5, 1.0])
+    truth = ds.simulate(problem, t_eval=times, rtol=1e-10, atol=1e-12).ys
+    exps = []
+    for i in range(experiments):
+        data = np.asarray(truth) * (1.0 + 0.01 * np.random.default_rng(i).standard_normal(truth.shape))
+        exp = ds.Experiment(f"B{i}", times, data, noise=ds.inference.Gaussian(0.05), conditions={"B": 0.9 + 0.1 * i})
+        exps.append(ds.inference.Multishoot(boundaries=[0.7]).apply(exp) if windows else exp)
+    table = [ds.inference.Parameter("A", 3.4, 1.0, 10.0), ds.inference.Parameter("alpha", 10.0, 1.0, 100.0)]
+    return ds.Study(problem, exps, table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windows", [False, True], ids=["single", "multishoot"])
+def test_standin_batched_study_every_mode_matches_dense(windows):
+    """Experiments batched under vmap through CuDSS in every mode of a lowered study (the pattern is
+    never a batched operand): value, adjoint gradient, forward-sensitivity Jacobian and exact
+    Hessian (forward-over-reverse products) against Dense."""
+    solver = ds.inference.SolverOptions(rtol=1e-8, atol=1e-10)
+    lowered = {
+        name: ds.lower(_brusselator_study(lin, windows=windows), solver=solver, gradient="adjoint", hessian="exact")
+        for name, lin in (("cudss", _StandIn()), ("dense", ds.linear.Dense()))
+    }  # fmt: skip
+    theta = lowered["dense"].problem.theta_of({"A": 3.3, "alpha": 11.0})  # window starts nominal
+    v_cu, g_cu = lowered["cudss"].value_and_grad(theta)
+    v_de, g_de = lowered["dense"].value_and_grad(theta)
+    np.testing.assert_allclose(v_cu, v_de, rtol=1e-10)
+    np.testing.assert_allclose(g_cu, g_de, rtol=1e-7, atol=1e-9 * np.abs(g_de).max())
+    r_cu, j_cu = lowered["cudss"].residuals_and_jacobian(theta)
+    r_de, j_de = lowered["dense"].residuals_and_jacobian(theta)
+    np.testing.assert_allclose(r_cu, r_de, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(j_cu, j_de, rtol=1e-7, atol=1e-9 * np.abs(j_de).max())
+    if not windows:
+        h_cu, h_de = lowered["cudss"].hessian(theta), lowered["dense"].hessian(theta)
+        np.testing.assert_allclose(h_cu, h_de, rtol=1e-6, atol=1e-8 * np.abs(h_de).max())
 
 
 # ---- on a GPU with cuDSS ------------------------------------------------------------------------------

@@ -568,3 +568,38 @@ def test_multishoot_from_an_estimated_initial_amount_and_offsets_of_subsets():
     ip = InferenceProblem(two)
     assert ip.offset_of([0]) + ip.offset_of([1]) == pytest.approx(ip.offset, rel=1e-14)
     assert ip.offset_of([0, 1]) == ip.offset
+
+
+@pytest.mark.slow  # forward and adjoint programs with a steady-state solve
+def test_preequilibration_starting_at_its_steady_state_has_the_implicit_derivative():
+    """A pre-equilibration that starts exactly at its steady state settles at once; the derivative
+    of where it settles is still the steady state's (implicit function theorem, the conserved
+    total kept), not the derivative of the start. PEtab's Weber_BMC2015 has such
+    pre-equilibrations; its gradient now matches AMICI's (benchmarks/bench_petab.py)."""
+    problem = reversible_problem()
+    nominal = {"k1": 1.0, "k2": 0.5, "k1_pre": 0.2, "sd": 0.05}
+    total = 2.0
+    at_rest = {"A": total * 0.5 / 0.7, "B": total * 0.2 / 0.7}  # steady under k1_pre = 0.2, k2 = 0.5
+    times = np.array([0.3, 1.0, np.inf])
+    data = np.array([[1.1, 0.9], [1.0, 1.0], [0.7, 1.3]])
+    exp = ds.Experiment("rest", times, data, noise=Gaussian("sd"),
+                        preequilibration=Preequilibration(conditions={"k1": "k1_pre"}, y0=at_rest))  # fmt: skip
+    study = ds.Study(problem, [exp], [Parameter(k, v, v / 5, v * 5) for k, v in nominal.items()])
+
+    def nll(v):
+        k1, k2, sd = v["k1"], v["k2"], v["sd"]
+        a_star = total * v["k2"] / (v["k1_pre"] + v["k2"])
+        a_inf = total * k2 / (k1 + k2)
+        t = np.where(np.isinf(times), 0.0, times)
+        a = jnp.where(np.isinf(times), a_inf, a_inf + (a_star - a_inf) * jnp.exp(-(k1 + k2) * t))
+        h = jnp.stack([a, total - a], axis=1)
+        return jnp.sum(0.5 * ((h - data) / sd) ** 2 + jnp.log(sd) + 0.5 * math.log(2 * math.pi))
+
+    problem_ = InferenceProblem(study, solver=TIGHT)
+    theta = problem_.nominal  # the pre-equilibration starts exactly at rest
+    grad = jax.grad(nll)({k: jnp.asarray(x) for k, x in nominal.items()})
+    exact = np.array([float(grad[n]) * nominal[n] * math.log(10.0) for n in problem_.theta_names])
+    for gradient in ("forward", "adjoint"):
+        value, g = ds.lower(problem_, gradient=gradient).value_and_grad(theta)
+        assert abs(value - float(nll(nominal))) <= 1e-8 * abs(value)
+        assert _rel(g, exact) <= 1e-6, (gradient, g, exact)

@@ -276,3 +276,17 @@ def test_vmap_over_parameters_with_adaptive_klu_matches_a_loop():
         one = _ill_simulate(problem, ps[i])
         np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(one.ys), rtol=1e-6, atol=1e-9)
     assert [int(_ill_simulate(problem, p).stats["n_fallbacks"]) > 0 for p in ps] == [True, False, True]
+
+
+def test_default_solver_follows_the_measured_crossovers(monkeypatch):
+    """Dense LU for small systems (64 states on a CPU, 512 on a GPU: bench_gpu_study.py), KLU above
+    on a CPU, cuDSS above on a GPU where it can run, dense LU where it cannot."""
+    import diffsoup.linear as linear
+
+    assert isinstance(linear.default_solver(64, "cpu"), ds.linear.Dense)
+    assert isinstance(linear.default_solver(65, "cpu"), ds.linear.KLU)
+    assert isinstance(linear.default_solver(512, "gpu"), ds.linear.Dense)
+    monkeypatch.setattr(linear, "has_cudss", lambda: True)
+    assert isinstance(linear.default_solver(513, "gpu"), ds.linear.CuDSS)
+    monkeypatch.setattr(linear, "has_cudss", lambda: False)
+    assert isinstance(linear.default_solver(513, "gpu"), ds.linear.Dense)

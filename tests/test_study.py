@@ -380,3 +380,28 @@ def test_infinite_data_is_reported_as_inf_not_as_missing():
         ds.Experiment("e7", times, [[1.0, np.nan], [np.nan, -np.inf]])
     with pytest.raises(ValueError, match=r"no measured value \(all NaN\)"):
         ds.Experiment("e7", times, np.full((2, 2), np.nan))
+
+
+def test_gpu_chunk_choice_extrapolates_from_one_probe(monkeypatch):
+    """On a GPU (here: the CPU posing as one, the rule is platform logic only) the default chunk is
+    the largest that fits the block limit, from one 32-lane probe and one final compile; the
+    value is the same whatever the chunking."""
+    study = tiny_study(n=100)
+    reference = ds.lower(study, chunk_size=100).value(THETA)
+    roomy = ds.lower(study)
+    monkeypatch.setattr(roomy, "platform", "gpu")
+    np.testing.assert_allclose(roomy.value(THETA), reference, rtol=1e-12)
+    assert roomy.chunk_sizes["value"] == [100]  # everything fits: one chunk
+    assert [row[2] for row in roomy.search_log] == [32, 100]  # the probe, then the chunk
+    probe_scratch = roomy.search_log[0][4]
+    limit = 2.5 * probe_scratch  # room for about 2.5 probes' lanes (less the fixed scratch)
+    tight = ds.lower(study, block_limit_bytes=limit)
+    monkeypatch.setattr(tight, "platform", "gpu")
+    np.testing.assert_allclose(tight.value(THETA), reference, rtol=1e-12)
+    (chunk,) = tight.chunk_sizes["value"]
+    assert 32 < chunk < 100 and tight.scratch_bytes["value"] <= limit
+    assert len(tight.search_log) <= 3  # the probe, the estimate, at most one correction
+    # The CPU rule (and any given chunk_size) keeps the halving search from the start given.
+    cpu = ds.lower(study, block_limit_bytes=limit)
+    cpu.value(THETA)
+    assert cpu.chunk_sizes["value"][0] <= chunk and cpu.search_log[0][2] == 100

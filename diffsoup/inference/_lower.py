@@ -24,11 +24,21 @@ function of its :class:`ProgramKey` alone (:func:`chunk_function` builds it from
 and the process keeps its recent programs by key: lowering the same study again with another
 ``SolverOptions(rtol=...)``, ``max_steps`` or ``values`` traces and compiles nothing.
 
-A mode's chunk size is chosen the first time the mode is used (or by :meth:`LoweredStudy.compile`):
-starting from ``chunk_size`` (default 256 experiments) the program is lowered and compiled, its
-scratch (``compiled.memory_analysis().temp_size_in_bytes``, the single block XLA asks for) is
-compared with the block limit, and the chunk is halved until it fits -- nothing is run to find
-out. ``hessian="auto"`` tries the exact Hessian, then differences of gradients, at each size. The
+A mode's chunk size is chosen the first time the mode is used (or by :meth:`LoweredStudy.compile`)
+from the program's scratch (``compiled.memory_analysis().temp_size_in_bytes``, the single block XLA
+asks for) against the block limit -- nothing is run to find out:
+
+* on a GPU, by default, the largest chunk that fits: a probe program of ``PROBE_LANES`` lanes is
+  compiled, its scratch per lane extrapolated to the block limit (scratch grows linearly in the
+  lanes; the probe's share of fixed scratch makes the estimate err small), and the program of that
+  size compiled; should it not fit after all, the lanes shrink in proportion and it compiles again.
+  A GPU runs lanes in parallel until it is full, so one large chunk beats many small ones
+  (issue 22: 10,000 experiments in one chunk 15x faster than 40 of 250);
+* on a CPU, and wherever ``chunk_size`` is given, from ``chunk_size`` (CPU default 256
+  experiments), halved until it fits: a CPU core runs lanes one after the other, so beyond a few
+  hundred lanes larger chunks gain nothing and only cost host memory.
+
+``hessian="auto"`` tries the exact Hessian, then differences of gradients, at each size. The
 compiled program of the chosen size is the one evaluations run. Chunk results are summed (or
 concatenated) on the device and brought to the host with one transfer per evaluation.
 
@@ -88,7 +98,9 @@ GRADIENTS = ("auto", "adjoint", "forward")
 # adjoint costs a replay and a reverse step per step whatever theta's size, and its program (a second
 # loop and a step differentiated to second order) takes about twice as long to compile.
 FORWARD_GRADIENT_MAX_THETA = 16
-DEFAULT_CHUNK = 256
+DEFAULT_CHUNK = 256  # CPU start of the chunk search (experiments); GPUs take the largest that fits
+PROBE_LANES = 32  # lanes of the GPU probe program whose scratch per lane sizes the chunk
+GPU_FILL = 0.9  # share of the block limit a GPU chunk is planned to fill (the estimate's margin)
 BFC_BLOCK_CAP = 3.5e9
 CPU_BLOCK_CAP = 2**31
 
@@ -339,10 +351,12 @@ class LoweredStudy(AbstractLoweredStudy):
         )
         self.hessian_kind: str | None = None if hessian == "auto" else hessian
         self.chunk_size = chunk_size or DEFAULT_CHUNK
+        self._chunk_given = chunk_size is not None
         self.fd_step = float(fd_step)
         self.n_devices = layout.data_size
         self.mesh = layout.mesh if self.n_devices > 1 else None
         devices = self.mesh.devices.reshape(-1) if self.mesh is not None else jax.devices()[:1]
+        self.platform = devices[0].platform
         self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
             default_block_limit(devices[0])
         )
@@ -534,10 +548,12 @@ class LoweredStudy(AbstractLoweredStudy):
         else:
             kinds = (mode,)
         B = self._blocks[gi].shape[1]
-        first = min(math.ceil(self.chunk_size / self.n_devices), B)
+        fill_device = self.platform != "cpu" and not self._chunk_given
+        first = self._largest_fitting_lanes(mode, kinds[0], gi, B) if fill_device else (
+            min(math.ceil(self.chunk_size / self.n_devices), B))  # fmt: skip
         n_chunks = math.ceil(B / first)
         while True:
-            lanes = math.ceil(B / n_chunks)
+            lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
             for kind in kinds:
                 prog = self._compile(mode, kind, gi, lanes)
                 fits = prog.scratch <= self.block_limit_bytes
@@ -553,7 +569,22 @@ class LoweredStudy(AbstractLoweredStudy):
                     f"scratch, above block_limit_bytes={self.block_limit_bytes:.0f}; raise the limit, loosen "
                     "max_steps/checkpoints, or use more devices."
                 )
-            n_chunks *= 2
+            if fill_device:  # the extrapolation erred: shrink in proportion (at least one chunk more)
+                shrunk = max(1, int(lanes * GPU_FILL * self.block_limit_bytes / max(prog.scratch, 1)))
+                n_chunks = max(n_chunks + 1, math.ceil(B / shrunk))
+            else:
+                n_chunks *= 2
+
+    def _largest_fitting_lanes(self, mode: str, kind: str, gi: int, B: int) -> int:
+        """Lanes per device of the largest chunk of group ``gi`` whose scratch fits the block
+        limit, extrapolated from the scratch of a probe program of ``PROBE_LANES`` lanes."""
+        probe_lanes = min(PROBE_LANES, B)
+        probe = self._compile(mode, kind, gi, probe_lanes)
+        self.search_log.append((mode, gi, probe_lanes * self.n_devices, kind, probe.scratch, "probe"))
+        if probe_lanes == B:
+            return B
+        per_lane = max(probe.scratch, 1) / probe_lanes
+        return max(1, min(B, int(GPU_FILL * self.block_limit_bytes / per_lane)))
 
     def compile(self, modes: Sequence[str] = ("value", "value_and_grad", "jacobian")) -> "LoweredStudy":
         """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use)."""
@@ -740,8 +771,9 @@ def lower(
             experiments over the data axis; None for one device.
         hessian: ``"exact"`` (forward-over-reverse products), ``"fd"`` (central differences of
             gradients) or ``"auto"`` (exact where it fits under the block limit).
-        chunk_size: experiments per chunk to start the search from (default 256, capped at the
-            group's size); halved until the program fits.
+        chunk_size: experiments per chunk to start the search from, capped at the group's size and
+            halved until the program fits. Default: on a GPU the largest chunk that fits the block
+            limit (extrapolated from a probe program's scratch), on a CPU 256.
         block_limit_bytes: the largest scratch block a program may ask for; None reads
             :func:`default_block_limit` from the device.
         fd_step: the difference step for ``hessian="fd"``, in theta's units (scaled parameters).

@@ -222,6 +222,7 @@ class LaneTerms:
         """The state the experiment's solve starts from: its ``y0``, or (pre-equilibration) the
         steady state under the pre-equilibration's parameters with ``y0``'s states re-set;
         returns ``(y0, status, steps)`` (status and steps of the pre-equilibration, else 0)."""
+        import jax
         import jax.numpy as jnp
 
         group = self.group
@@ -231,12 +232,19 @@ class LaneTerms:
             return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
         from ..integrate import simulate
 
+        from ..integrate._steady_state_derivative import steady_state_with_derivatives
+
         pre_pv = jnp.where(a["pre_keep"], pv, _gather(full, a["pre_entry"], a["pre_fixed"]))
         start = self._initial(full, a, pre_pv, pre.y0_function, pre.y0_entries, "pre_")
-        sol = simulate(self.problem, start, jnp.full((1,), jnp.inf, self.problem.dtype), pre_pv, t0=a["t0"],
-                       rtol=ops.rtol, atol=ops.atol, max_steps=ops.max_steps, adjoint=adjoint, throw=False,
-                       steady_state=pre.steady_state)  # fmt: skip
-        y_main = jnp.where(a["y0_set"], y0, sol.ys[-1])
+        # The steady state is found without derivatives and differentiated by the implicit function
+        # theorem: the discrete solution's derivative depends on how far the sensitivities relaxed
+        # before the state settled (wrong where the search starts near the steady state).
+        stop = jax.lax.stop_gradient
+        sol = simulate(self.problem, stop(start), jnp.full((1,), jnp.inf, self.problem.dtype), stop(pre_pv),
+                       t0=a["t0"], rtol=ops.rtol, atol=ops.atol, max_steps=ops.max_steps, adjoint=adjoint,
+                       throw=False, steady_state=pre.steady_state)  # fmt: skip
+        y_steady = steady_state_with_derivatives(self.problem.rhs, a["t0"], sol.ys[-1], pre_pv, start)
+        y_main = jnp.where(a["y0_set"], y0, y_steady)
         return y_main, sol.status, sol.stats["n_steps"]
 
     def _events(self, full, a: dict, pv) -> dict:

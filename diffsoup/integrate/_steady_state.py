@@ -14,7 +14,9 @@ with the implicit-function derivative ``dy*/dp = -J^{-1} df/dp`` (conserved quan
 about the tolerances. A solve that starts at or very near a steady state stops after a few short
 steps, before the sensitivities have relaxed: starting exactly at it, the derivative is that of
 the initial state. Put a finite output time before the ``+inf`` ones to make such a solve run
-long enough (a few times the slowest relaxation time).
+long enough (a few times the slowest relaxation time). A study's pre-equilibrations do not depend
+on this: they differentiate their steady state by the implicit function theorem
+(:mod:`diffsoup.integrate._steady_state_derivative`).
 """
 
 from __future__ import annotations

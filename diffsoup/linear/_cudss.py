@@ -357,10 +357,20 @@ def _merge(x, bdim, size):
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
+def _one_pattern(x, bdim):
+    """The pattern (``indptr``, ``indices``, the transpose's arrays) of a batched call, unbatched.
+
+    The handler's registry entry is keyed by ``opts.pattern``: one prepared solver has one
+    pattern, so these arrays are batched only as copies (a ``lax.cond`` whose predicate is
+    batched, as the step-size control's under ``vmap``, broadcasts every operand of its
+    branches; a loop whose carry holds them batches them with the carry).
+    """
+    return x if bdim is _NOT_MAPPED else jnp.take(x, 0, axis=bdim)
+
+
 def _factor_batch(args, dims, *, opts, first):
     indptr, indices, values, after = args
-    if dims[0] is not _NOT_MAPPED or dims[1] is not _NOT_MAPPED:
-        raise NotImplementedError("CuDSS: the sparsity pattern cannot be batched")
+    indptr, indices = _one_pattern(indptr, dims[0]), _one_pattern(indices, dims[1])
     if dims[2] is _NOT_MAPPED:  # only the ordering token is batched
         return cudss_factor_p.bind(indptr, indices, values, after, opts=opts, first=first), _NOT_MAPPED
     size = values.shape[dims[2]]
@@ -370,9 +380,8 @@ def _factor_batch(args, dims, *, opts, first):
 
 def _solve_batch(args, dims, *, opts, transpose):
     info, indptr, indices, values, b = args[:5]
-    tpattern = args[5:]
-    if any(d is not _NOT_MAPPED for d in (dims[1], dims[2]) + tuple(dims[5:])):
-        raise NotImplementedError("CuDSS: the sparsity pattern cannot be batched")
+    indptr, indices = _one_pattern(indptr, dims[1]), _one_pattern(indices, dims[2])
+    tpattern = tuple(_one_pattern(a, d) for a, d in zip(args[5:], dims[5:]))
     di, dv, db = dims[0], dims[3], dims[4]
     if di is _NOT_MAPPED and dv is _NOT_MAPPED:
         # One factorization, many right-hand sides: one multi-RHS solve.

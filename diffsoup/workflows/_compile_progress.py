@@ -49,6 +49,13 @@ class CompileProgress(logging.Handler):
                 done.set()
             self._emit_line(f"compiled the {what} in {seconds:.1f} s")
 
+    def stop(self) -> None:
+        """End every ticker (compilations still running print nothing more)."""
+        with self._lock:
+            running, self._running = list(self._running.values()), {}
+        for done in running:
+            done.set()
+
     def _tick(self, what: str, started: float, done: threading.Event) -> None:
         while not done.wait(self._interval):
             self._emit_line(f"  still compiling the {what} ({time.perf_counter() - started:.0f} s so far)")
@@ -65,3 +72,13 @@ def install_compile_progress(emit_line: Callable[[str], None], *, interval: floa
     logger.setLevel(logging.INFO)
     logger.propagate = False  # our lines, not the root logger's format as well
     return handler
+
+
+def remove_compile_progress() -> None:
+    """Stop printing compilation progress (the command's handler, when it returns to a caller that
+    runs it in-process): the handler is removed and its tickers stopped."""
+    logger = logging.getLogger("diffsoup.compile")
+    for handler in list(logger.handlers):
+        if isinstance(handler, CompileProgress):
+            logger.removeHandler(handler)
+            handler.stop()

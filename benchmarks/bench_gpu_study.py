@@ -1,0 +1,326 @@
+"""Studies on one GPU: default chunking against a sweep of chunk sizes, diffrax and the CPU.
+
+The study of issue 22: experiments of the 20-species network (``mass_action_network(20, 25,
+seed=3)``, every species observed at 4 times, its own initial state per experiment, rtol 1e-6,
+atol 1e-9), and of the 2-D Brusselator (N = 8 and 16; ``B`` and the initial state per
+experiment; u observed at 2 times) through ``CuDSS`` and ``Dense``. Every figure is the median
+wall time of evaluations after the first (which compiles; its time is the "first s" column), in
+the same process as its peers:
+
+* ``network``: 1,000 / 10,000 / 100,000 experiments, modes ``value``, ``value_and_grad``
+  (adjoint) and ``residuals_and_jacobian``, the default ``ds.lower`` (chunk chosen from device
+  memory); an estimate of the floating-point work per value evaluation (LU and triangular solves
+  of the steps the solves took) and the fraction of the device's float64 peak it reached.
+* ``sweep``: 10,000 experiments, ``value_and_grad`` at chunk sizes 250 ... 10,000 against the
+  default; diffrax ``Kvaerno5`` vmapped over the same experiments (same tolerances, its adjoint
+  ``RecursiveCheckpointAdjoint``); diffsoup on the machine's CPU cores.
+* ``brusselator``: 1,000 experiments, N = 8 and 16, ``CuDSS`` and ``Dense``, the three modes.
+* ``dask``: 10,000 experiments through ``ds.distributed.run`` on one Dask GPU worker (embedded
+  LocalCluster) against the same study in-process.
+* ``early``: 10,000 experiments of which a tenth take ten times the steps (rate constants scaled
+  by 10), against the same study with every experiment fast: what lock-step lanes cost.
+
+Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (parts as
+above; ``--quick`` shrinks every size for a CPU smoke run). Writes
+``benchmarks/results/bench_gpu_study_<parts>.json`` and prints a table per part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, fmt, machine_info, median, write_json  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import diffsoup as ds  # noqa: E402
+from diffsoup.inference import Gaussian, Parameter, SolverOptions  # noqa: E402
+
+RTOL, ATOL = 1e-6, 1e-9
+TIMES = np.array([0.2, 1.0, 3.0, 6.0])
+MODES = ("value", "value_and_grad", "residuals_and_jacobian")
+# Float64 peaks (FLOP/s) by device name: H200 SXM, vector units and tensor cores (NVIDIA's sheet).
+FP64_PEAK = {"H200": (34e12, 67e12), "H100": (34e12, 67e12)}
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _timed(fn, repeats: int = 3, budget_s: float = 30.0):
+    """(first call seconds, median of the later calls): at least one after the first (which
+    compiles), up to ``repeats`` while they add up to less than ``budget_s``."""
+    t = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t
+    times: list[float] = []
+    while not times or (len(times) < repeats and sum(times) + times[-1] < budget_s):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return first, median(times)
+
+
+# ---- studies --------------------------------------------------------------------------------------
+
+
+def _network_problem():
+    from diffsoup.examples import mass_action_network
+
+    net = mass_action_network(20, 25, seed=3)
+    return net, net.to_spec(y0=np.ones(20)).build(linear_solver=ds.linear.Dense())
+
+
+def network_study(n: int, *, slow_fraction: float = 0.0, problem=None):
+    """``n`` experiments of the 20-species network, each with its own initial state; a
+    ``slow_fraction`` of them with every rate constant ten times larger (ten times the steps)."""
+    net, built = _network_problem()
+    problem = problem or built
+    rng = np.random.default_rng(0)
+    y0s = rng.uniform(0.2, 2.0, (n, 20))
+    data = np.ones((n, 4, 20))
+    params = [Parameter(k, v, v / 100, v * 100) for k, v in net.parameters.items()]
+    n_slow = int(round(slow_fraction * n))
+    if hasattr(ds.Study, "from_arrays") and n_slow == 0:
+        return ds.Study.from_arrays(problem, np.broadcast_to(TIMES, (n, 4)), data, y0=y0s,
+                                    noise=Gaussian(0.05), parameters=params)  # fmt: skip
+    fast = {k: float(v) for k, v in net.parameters.items()}
+    slow = {k: 10.0 * v for k, v in fast.items()}
+    exps = [ds.Experiment(f"x{i}", TIMES, data[i], noise=Gaussian(0.05), y0=y0s[i],
+                          conditions=slow if i < n_slow else None) for i in range(n)]  # fmt: skip
+    return ds.Study(problem, exps, params)
+
+
+def brusselator_study(n_grid: int, n: int, linear_solver):
+    problem = ds.examples.brusselator_2d(n_grid).build(linear_solver=linear_solver)
+    times = np.array([0.5, 1.0])
+    u0 = np.asarray(problem.spec.y0)
+    rng = np.random.default_rng(1)
+    n_states = 2 * n_grid * n_grid
+    exps = []
+    for i in range(n):
+        y0 = u0 * rng.uniform(0.8, 1.2)
+        exps.append(ds.Experiment(f"b{i}", times, np.ones((2, n_states)), noise=Gaussian(0.1), y0=y0,
+                                  conditions={"B": float(rng.uniform(0.8, 1.2))}))  # fmt: skip
+    params = [Parameter("A", 3.4, 1.0, 10.0), Parameter("alpha", 10.0, 1.0, 100.0)]
+    return ds.Study(problem, exps, params)
+
+
+def _modes(lowered, modes=MODES, repeats=3):
+    theta = lowered.problem.nominal
+    rows = []
+    for mode in modes:
+        fn = getattr(lowered, mode)
+        first, per_call = _timed(lambda: fn(theta), repeats)
+        # Norms of the outputs, to compare linear solvers and chunkings row by row.
+        out = fn(theta)
+        norms = [float(np.linalg.norm(np.asarray(o))) for o in (out if isinstance(out, tuple) else (out,))]
+        rows.append(dict(mode=mode, first_s=first, per_call_s=per_call, output_norms=norms, chunk=lowered.chunk_sizes.get(
+            "jacobian" if mode == "residuals_and_jacobian" else mode), scratch_bytes=lowered.scratch_bytes.get(
+            "jacobian" if mode == "residuals_and_jacobian" else mode)))  # fmt: skip
+        _log(f"  {mode}: first {first:.2f} s, per call {per_call:.4f} s, chunks {rows[-1]['chunk']}")
+    return rows
+
+
+def _work_per_value(study, sample: int = 256) -> dict:
+    """Floating-point work of one value evaluation, estimated from the steps a sample of the
+    experiments takes: per LU ``2/3 n^3``, per triangular solve ``2 n^2`` (dense factors)."""
+    problem = study.problem
+    exps = [study.experiments[i] for i in range(min(sample, len(study)))]
+    y0 = jnp.asarray(np.stack([np.asarray(problem.spec.y0 if e.y0 is None else e.y0, float) for e in exps]))
+
+    @jax.jit
+    @jax.vmap
+    def stats(y):
+        return ds.simulate(problem, y, jnp.asarray(TIMES), None, rtol=RTOL, atol=ATOL).stats
+
+    s = jax.tree.map(np.asarray, stats(y0))
+    n = problem.n_states
+    per_exp = float(np.mean(s["n_factor"])) * 2 / 3 * n**3 + float(np.mean(s["n_solves"])) * 2 * n**2
+    return dict(flops_per_experiment=per_exp, mean_steps=float(np.mean(s["n_steps"])),
+                mean_factorizations=float(np.mean(s["n_factor"])))  # fmt: skip
+
+
+# ---- parts ------------------------------------------------------------------------------------------
+
+
+def part_network(sizes, out, save):
+    peak = next((v for k, v in FP64_PEAK.items() if k in str(jax.devices()[0].device_kind)), None)
+    for n in sizes:
+        _log(f"network: {n} experiments (building)")
+        t = time.perf_counter()
+        study = network_study(n)
+        build_s = time.perf_counter() - t
+        lowered = ds.lower(study, solver=SolverOptions(rtol=RTOL, atol=ATOL))
+        rows = _modes(lowered)
+        work = _work_per_value(study)
+        value_s = rows[0]["per_call_s"]
+        flops = work["flops_per_experiment"] * n
+        for r in rows:
+            r.update(experiments=n, build_s=build_s)
+        rows[0].update(work, flops_per_value=flops, flop_rate=flops / value_s,
+                       fraction_of_fp64_peak=None if peak is None else flops / value_s / peak[0])  # fmt: skip
+        out += rows
+        save()
+
+
+def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save):
+    _log(f"sweep: {n} experiments")
+    study = network_study(n)
+    solver = SolverOptions(rtol=RTOL, atol=ATOL)
+    for chunk in [None, *chunk_sizes]:
+        lowered = ds.lower(study, solver=solver, chunk_size=chunk)
+        first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
+        rows.append(dict(what="diffsoup", chunk_size=chunk or "default", chunks=lowered.chunk_sizes["value_and_grad"],
+                         experiments=n, mode="value_and_grad", first_s=first, per_call_s=per_call))  # fmt: skip
+        _log(f"  chunk {chunk or 'default'} -> {rows[-1]['chunks'][:3]}: {per_call:.3f} s")
+        save()
+    for m in diffrax_sizes:
+        rows += _diffrax_rows(m)
+        save()
+    cpu = jax.devices("cpu")[0]
+    per_experiment = None
+    for m in cpu_sizes:
+        if per_experiment is not None and per_experiment * m > 60.0:  # linear in m: lanes run in turn
+            rows.append(dict(what=f"diffsoup on the CPU ({os.cpu_count()} cores)", experiments=m, mode="value_and_grad",
+                             per_call_s=per_experiment * m, extrapolated_from=cpu_sizes[0]))  # fmt: skip
+            save()
+            continue
+        with jax.default_device(cpu):
+            lowered = ds.lower(network_study(m), solver=solver)
+            first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal), repeats=1, budget_s=1)
+        rows.append(dict(what=f"diffsoup on the CPU ({os.cpu_count()} cores)", experiments=m, mode="value_and_grad",
+                         first_s=first, per_call_s=per_call, chunks=lowered.chunk_sizes["value_and_grad"]))  # fmt: skip
+        per_experiment = per_call / m
+        _log(f"  CPU {m}: {per_call:.3f} s")
+        save()
+
+
+def _diffrax_rows(n):
+    """diffrax Kvaerno5 vmapped over ``n`` experiments of the network: value (the same Gaussian
+    NLL) and value_and_grad in the network's parameters."""
+    import diffrax
+
+    net, problem = _network_problem()
+    rng = np.random.default_rng(0)
+    y0s = jnp.asarray(rng.uniform(0.2, 2.0, (n, 20)))
+    data = jnp.ones((n, 4, 20))
+    p0 = jnp.asarray(problem.parameter_vector())
+    term = diffrax.ODETerm(lambda t, y, p: problem.rhs(t, y, p))
+    controller = diffrax.PIDController(rtol=RTOL, atol=ATOL)
+
+    def nll_one(p, y0, d):
+        sol = diffrax.diffeqsolve(term, diffrax.Kvaerno5(), 0.0, float(TIMES[-1]), None, y0, args=p,
+                                  saveat=diffrax.SaveAt(ts=jnp.asarray(TIMES)), stepsize_controller=controller,
+                                  max_steps=100_000, throw=False)  # fmt: skip
+        return 0.5 * jnp.sum(((sol.ys - d) / 0.05) ** 2)
+
+    def nll(p):
+        return jnp.sum(jax.vmap(nll_one, in_axes=(None, 0, 0))(p, y0s, data))
+
+    rows = []
+    for mode, fn in (("value", jax.jit(nll)), ("value_and_grad", jax.jit(jax.value_and_grad(nll)))):
+        first, per_call = _timed(lambda: jax.block_until_ready(fn(p0)))
+        rows.append(dict(what="diffrax Kvaerno5 vmapped", experiments=n, mode=mode, first_s=first, per_call_s=per_call))
+        _log(f"  diffrax {n} {mode}: {per_call:.3f} s")
+    return rows
+
+
+def part_brusselator(n, grids, rows, save):
+    solver = SolverOptions(rtol=RTOL, atol=ATOL)
+    for grid in grids:
+        for name, lin in (("CuDSS", ds.linear.CuDSS()), ("Dense", ds.linear.Dense())):
+            _log(f"brusselator N={grid} {name}: {n} experiments")
+            try:
+                lowered = ds.lower(brusselator_study(grid, n, lin), solver=solver)
+                for r in _modes(lowered):
+                    rows.append(dict(r, grid=grid, linear_solver=name, experiments=n))
+            except Exception as exc:  # a mode that fails is a row of the table, with its error
+                rows.append(dict(grid=grid, linear_solver=name, experiments=n, error=f"{type(exc).__name__}: {exc}"))
+                _log(f"  failed: {rows[-1]['error'][:300]}")
+            save()
+
+
+def part_dask(n, rows, save):
+    study = network_study(n)
+    solver = SolverOptions(rtol=RTOL, atol=ATOL)
+    lowered = ds.lower(study, solver=solver)
+    _, in_process = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
+    _log(f"dask: in-process {in_process:.3f} s")
+    with ds.distributed.run(study, solver=solver) as remote:
+        first, per_call = _timed(lambda: remote.value_and_grad(remote.problem.nominal))
+    _log(f"dask: one GPU worker {per_call:.3f} s")
+    rows.append(dict(experiments=n, in_process_s=in_process, dask_worker_s=per_call, dask_first_s=first,
+                     ratio=per_call / in_process))  # fmt: skip
+    save()
+
+
+def part_early(n, rows, save):
+    solver = SolverOptions(rtol=RTOL, atol=ATOL)
+    for label, frac in (("all fast", 0.0), ("a tenth ten times slower", 0.1)):
+        study = network_study(n, slow_fraction=frac)
+        lowered = ds.lower(study, solver=solver)
+        first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
+        rows.append(dict(study=label, experiments=n, per_call_s=per_call, first_s=first,
+                         chunks=lowered.chunk_sizes["value_and_grad"]))  # fmt: skip
+        _log(f"early: {label}: {per_call:.3f} s")
+        save()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", nargs="+", default=["network"],
+                        choices=["network", "sweep", "brusselator", "dask", "early"])  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
+    parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
+    parser.add_argument("--grids", nargs="+", type=int, help="Brusselator grids (default 8 16)")
+    parser.add_argument("--diffrax-sizes", nargs="+", type=int, help="diffrax rows of the sweep (default 1000 10000)")
+    args = parser.parse_args()
+    q = args.quick
+    payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
+    out = RESULTS / f"bench_gpu_study_{'_'.join(args.part)}{'_quick' if q else ''}.json"
+    runs = {
+        "network": lambda *a: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]), *a),
+        "sweep": lambda *a: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
+                                       [20] if q else [1000, 10000],
+                                       args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
+        "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
+        "dask": lambda *a: part_dask(20 if q else 10000, *a),
+        "early": lambda *a: part_early(40 if q else 10000, *a),
+    }
+    for part in args.part:
+        # Rows are written as they come: a device call cut short keeps what it measured.
+        payload[part] = []
+        runs[part](payload[part], lambda: write_json(out, payload))
+    _print_tables(payload)
+    print(f"wrote {out}")
+
+
+def _print_tables(payload):
+    for r in payload.get("network", []):
+        print(f"network {r['experiments']:>7} {r['mode']:<24} first {fmt(r['first_s'])} s  per call "
+              f"{fmt(r['per_call_s'])} s  chunks {r['chunk']}"
+              + (f"  {r['flop_rate'] / 1e9:.1f} GFLOP/s" if 'flop_rate' in r else ""))  # fmt: skip
+    for r in payload.get("sweep", []):
+        print(f"sweep {r['what']:<34} {r['experiments']:>6} {r['mode']:<15} chunk {str(r.get('chunk_size', '')):<8} "
+              f"per call {fmt(r['per_call_s'])} s")  # fmt: skip
+    for r in payload.get("brusselator", []):
+        print(f"brusselator N={r['grid']} {r['linear_solver']:<6} " + (
+            f"{r['mode']:<24} first {fmt(r['first_s'])} s  per call {fmt(r['per_call_s'])} s" if "mode" in r
+            else f"FAILED {r['error'][:200]}"))  # fmt: skip
+    for r in payload.get("dask", []):
+        print(f"dask {r['experiments']}: in-process {fmt(r['in_process_s'])} s, one worker {fmt(r['dask_worker_s'])} s "
+              f"(x{r['ratio']:.2f})")  # fmt: skip
+    for r in payload.get("early", []):
+        print(f"early {r['study']:<26} per call {fmt(r['per_call_s'])} s chunks {r['chunks']}")
+
+
+if __name__ == "__main__":
+    main()
