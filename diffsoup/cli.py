@@ -7,6 +7,7 @@
     diffsoup simulate STUDY.toml      simulate every experiment; trajectories, summary, plots
     diffsoup fit STUDY.toml           multistart fit; results, summary, plots
     diffsoup campaign STUDY.toml      the starts as a resumable campaign (JSON ledger)
+    diffsoup profile STUDY.toml       profile likelihoods and confidence intervals of a fit
 
 Run ``diffsoup <command> --help`` for a command's options.
 """
@@ -19,11 +20,14 @@ import os
 import sys
 from pathlib import Path
 
+# diffsoup.inference._fit.METHODS, not imported here so that --help does not import JAX.
+FIT_METHODS = ("fides", "trf", "lbfgsb")
+
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
               "problem's YAML file")
 
 EPILOG = """\
-where the work runs (fit, campaign):
+where the work runs (fit, campaign, profile):
   (default)            the embedded default: a local Dask cluster on this machine, one worker
                        per visible GPU, or --workers CPU workers
   --scheduler ADDR     an existing Dask scheduler (tcp://host:8786); its workers need GPU=1
@@ -41,6 +45,7 @@ examples:
   diffsoup fit study.toml -o results/ --starts 8
   diffsoup campaign study.toml -o results/ --starts 64 --slurm jobs/profile.example.toml
   diffsoup simulate study.toml -o sim/ --from-fit results/results.zarr
+  diffsoup profile study.toml --from-fit results/ -o profiles/ --parameters k1,k2
   diffsoup fit Boehm_JProteomeRes2014.yaml -o boehm/ --in-process      (a PEtab v1 problem)
 """
 
@@ -211,6 +216,35 @@ def _campaign(args) -> int:
     return 0
 
 
+def _profile(args) -> int:
+    _enable_x64()
+    from .workflows import profile_study
+    from .workflows._study_profiles import format_intervals
+
+    sf = _load(args)
+    parameters = [p.strip() for p in args.parameters.split(",") if p.strip()] if args.parameters else None
+    with _cluster(args) as (client, dashboard):
+        if dashboard:
+            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+        summary = profile_study(sf, args.out, from_fit=args.from_fit, parameters=parameters,
+                                confidence=args.confidence, simultaneous=args.simultaneous, method=args.method,
+                                max_steps=args.max_steps, client=client, resume=not args.restart,
+                                on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
+                                no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
+    c = summary["campaign"]
+    print(f"\nprofiles: {c['accepted']} of {c['tasks']} computed ({c['resumed']} from an earlier run), {c['failed']} "
+          f"failed; {summary['evaluations']} evaluations in {summary['seconds']:.1f} s; ledger {args.out / c['ledger']}")  # fmt: skip
+    print(f"objective at the optimum {summary['objective']:.8g}; {summary['confidence']:g} "
+          f"{'simultaneous' if summary['simultaneous'] else 'pointwise'} intervals (threshold +{summary['delta']:.4g})\n")  # fmt: skip
+    print(format_intervals(summary))
+    print(f"\nintervals {args.out / summary['intervals_table']}")
+    print(f"profiles  {args.out / summary['profiles']}")
+    for p in summary["plots"]:
+        print(f"plot      {args.out / p}")
+    print(f"summary   {args.out / 'summary.json'}")
+    return 0
+
+
 def _no_worker_timeout(args) -> float | None:
     """How long a campaign start may wait for a worker offering GPU=1: SLURM workers wait in the
     batch queue (for ever); elsewhere (the embedded default, --scheduler) None reads the setting
@@ -222,11 +256,15 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("study", type=Path, help=STUDY_HELP)
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
                    help="output directory (default ./diffsoup-results)")  # fmt: skip
-    p.add_argument("--method", choices=("trf", "lbfgsb"), help="optimizer (default: the file's [fit] method)")
+    p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    _add_where_options(p)
+
+
+def _add_where_options(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDR", help="an existing Dask scheduler's address")
     where.add_argument("--slurm", metavar="PROFILE", type=Path, help="a SLURM profile (TOML) for dask-jobqueue")
@@ -319,6 +357,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_options(campaign)
     campaign.add_argument("--restart", action="store_true", help="discard the ledger (kept as a .bak) and rerun all")
     campaign.set_defaults(func=_campaign)
+
+    profile = sub.add_parser(
+        "profile", formatter_class=raw, epilog=EPILOG, help="profile likelihoods and confidence intervals of a fit",
+        description="Profile the likelihood of each estimated parameter from the optimum of a fit (the output "
+        "directory of 'diffsoup fit' or 'campaign'): the parameter is stepped away from its estimate in both "
+        "directions, the others re-optimized at each point, until the objective rises by the chi-square "
+        "threshold; the crossings are the confidence interval's ends. Each parameter's profile is a task of a "
+        "resumable campaign (ledger OUT/profile-ledger.json: running the same command again computes only the "
+        "profiles not yet finished). Writes OUT/intervals.tsv, OUT/profiles.json (every profile's points), "
+        "OUT/summary.json and OUT/plots/profiles.png.",
+    )  # fmt: skip
+    profile.add_argument("study", type=Path, help=STUDY_HELP)
+    profile.add_argument("--from-fit", type=Path, required=True, metavar="DIR",
+                         help="the output directory of 'diffsoup fit' or 'campaign' (or its results.zarr)")  # fmt: skip
+    profile.add_argument("-o", "--out", type=Path, default=Path("diffsoup-profiles"),
+                         help="output directory (default ./diffsoup-profiles)")  # fmt: skip
+    profile.add_argument("--parameters", metavar="A,B,...",
+                         help="comma-separated names of the parameters to profile (default: every estimated one)")  # fmt: skip
+    profile.add_argument("--confidence", type=float, default=0.95, help="of the intervals (default 0.95)")
+    profile.add_argument("--simultaneous", action="store_true",
+                         help="projections of the joint confidence region (as many degrees of freedom as parameters) "
+                         "instead of pointwise intervals")  # fmt: skip
+    profile.add_argument("--method", choices=FIT_METHODS, default="fides",
+                         help="the re-optimization at each profile point (default fides)")  # fmt: skip
+    profile.add_argument("--max-steps", type=int, help="most profile points per direction (default 40)")
+    profile.add_argument("--no-plots", action="store_true", help="do not write the PNG plot")
+    profile.add_argument("--restart", action="store_true", help="discard the ledger (kept as a .bak) and rerun all")
+    _add_where_options(profile)
+    profile.set_defaults(func=_profile)
     return parser
 
 
@@ -367,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "grid", 4) < 4:
         parser.error("--grid must be at least 4")
-    for name in ("starts", "workers", "experiments", "max_nfev", "samples", "chunk_size"):
+    confidence = getattr(args, "confidence", 0.5)
+    if not 0.0 < confidence < 1.0:
+        parser.error(f"--confidence {confidence} must lie between 0 and 1 (0.95 for 95%)")
+    for name in ("starts", "workers", "experiments", "max_nfev", "samples", "chunk_size", "max_steps"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -68,3 +68,31 @@ def reference_fit(seed):
     se = np.sqrt(np.diag(np.linalg.inv(J.T @ J)))
     nll = 0.5 * float(res.fun @ res.fun) + TIMES.size * (np.log(SIGMA) + 0.5 * np.log(2 * np.pi))
     return res.x, se, nll
+
+
+def closed_form_interval(seed, index, delta):
+    """The profile interval of theta[index] (log10 A or log10 k) of data set ``seed`` at the
+    threshold rise ``delta``, from the closed form: scipy minimizes over the other coordinate at
+    each value, brentq finds the threshold crossings."""
+    from scipy.optimize import brentq, minimize_scalar
+
+    d = data(seed)[:, 0]
+
+    def nll(theta):
+        A, k = 10.0 ** np.asarray(theta)
+        r = (A * np.exp(-k * TIMES) - d) / SIGMA
+        return 0.5 * float(r @ r)
+
+    def profile(t):
+        def inner(u):
+            theta = [t, u] if index == 0 else [u, t]
+            return nll(theta)
+
+        return minimize_scalar(inner, bounds=(-2.0, 2.0), method="bounded", options={"xatol": 1e-12}).fun
+
+    best, _, _ = reference_fit(seed)
+    level = nll(best) + delta
+    t0 = best[index]
+    lo = brentq(lambda t: profile(t) - level, t0 - 1.0, t0, xtol=1e-12)
+    hi = brentq(lambda t: profile(t) - level, t0, t0 + 1.0, xtol=1e-12)
+    return lo, hi

@@ -123,13 +123,17 @@ def test_check_reports_a_malformed_file_by_line_and_field(tmp_path):
 
 
 def test_every_command_has_help():
-    for command in ("demo", "check", "simulate", "fit", "campaign"):
+    for command in ("demo", "check", "simulate", "fit", "campaign", "profile"):
         proc = diffsoup(command, "--help")
         assert "usage: diffsoup " + command in proc.stdout
     text = diffsoup("fit", "--help").stdout
     for option in ("--scheduler", "--slurm", "--in-process", "--starts", "--method"):
         assert option in text
     assert diffsoup("fit", "nowhere.toml", check=False).returncode == 2
+    from diffsoup.cli import FIT_METHODS
+    from diffsoup.inference._fit import METHODS
+
+    assert FIT_METHODS == METHODS  # the command's --method choices are fit's methods
 
 
 @pytest.mark.slow
@@ -368,3 +372,145 @@ def test_campaign_on_a_petab_problem_writes_the_fit_and_the_simulation_table(tmp
 
     table = pd.read_csv(out / "simulation.tsv", sep="\t")
     assert len(table) == 48 and "simulation" in table and np.all(np.isfinite(table["simulation"]))
+
+
+# ------------------------------------------------------------------------------------------------
+# diffsoup profile: intervals of a fit, against the closed-form profile of the decay model
+# ------------------------------------------------------------------------------------------------
+
+DECAY_MODEL = '''\
+import diffsoup as ds
+
+
+def make():
+    return ds.ProblemSpec(lambda t, y, p: -p["k"] * y, states=["y"], parameters={"k": 0.5, "A": 2.0}, y0=[1.0])
+'''
+
+DECAY_STUDY = '''\
+format = "diffsoup-study/1"
+name = "decay"
+
+[model]
+python = "model.py:make"
+
+[observables]
+h = "A * y"
+
+[solver]
+rtol = 1e-10
+atol = 1e-12
+
+[noise]
+sigma = {sigma!r}
+
+[[parameters]]
+name = "A"
+lower = 0.01
+upper = 100.0
+scale = "log10"
+
+[[parameters]]
+name = "k"
+lower = 0.01
+upper = 100.0
+scale = "log10"
+
+[[experiments]]
+id = "decay"
+data = "decay.csv"
+'''
+
+
+def fitted_decay_study(folder):
+    """The decay model and data set 0 of tests/fit_helpers.py as a study file in ``folder``, fitted
+    into ``folder/fit`` (in this process); returns the fit's summary."""
+    import pandas as pd
+    from fit_helpers import SIGMA, TIMES, data
+
+    from diffsoup.workflows import fit_study
+
+    (folder / "model.py").write_text(DECAY_MODEL)
+    (folder / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
+    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(folder / "decay.csv", index=False, float_format="%.17g")
+    return fit_study(folder / "study.toml", folder / "fit", method="fides", starts=2, progress=False, plots=False,
+                     log=lambda line: None)  # fmt: skip
+
+
+def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, capsys):
+    """``h(t) = A exp(-k t)`` with Gaussian noise (tests/fit_helpers.py) as a study file: the
+    intervals of ``diffsoup profile`` match scipy's profile of the closed form; a rerun reads the
+    profiles from the ledger."""
+    import pandas as pd
+    from fit_helpers import closed_form_interval
+
+    from diffsoup import cli
+
+    fit = fitted_decay_study(tmp_path)
+    out = tmp_path / "profiles"
+    assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o", str(out),
+                     "--in-process"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "profiles: 2 of 2 computed (0 from an earlier run), 0 failed" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["objective"] == pytest.approx(fit["objective"], abs=1e-9)
+    table = pd.read_csv(out / "intervals.tsv", sep="\t", index_col="parameter")
+    for i, name in enumerate(["A", "k"]):
+        lo, hi = closed_form_interval(0, i, summary["delta"])
+        se = fit["standard_errors"][name]
+        row = table.loc[name]
+        # the crossing is located to 1e-2 in the objective (test_profile_likelihood.py)
+        assert abs(row["lower"] - lo) < 5e-3 * se and abs(row["upper"] - hi) < 5e-3 * se, (name, row, lo, hi)
+        assert not row["lower_open"] and not row["upper_open"]
+        assert row["upper_linear"] == pytest.approx(10.0 ** row["upper"], rel=1e-12)
+        assert summary["intervals"][name]["lower"] == row["lower"]
+        assert f"{name:<24} log10" in text
+    assert summary["delta"] == pytest.approx(1.920729410347062)
+    assert is_png(out / "plots" / "profiles.png")
+    from diffsoup.inference import ProfileResult
+
+    saved = ProfileResult.from_json(json.loads((out / "profiles.json").read_text()))
+    assert saved.profiles["k"].interval == (table.loc["k", "lower"], table.loc["k", "upper"])
+    # a rerun computes nothing; a wider confidence is another campaign's items (--restart)
+    assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit" / "results.zarr"),
+                     "-o", str(out), "--in-process", "--no-plots", "--parameters", "k"]) == 0  # fmt: skip
+    assert "profiles: 1 of 1 computed (1 from an earlier run)" in capsys.readouterr().out
+    assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o", str(out),
+                     "--in-process", "--confidence", "0.99", "--parameters", "k"]) == 2  # fmt: skip
+    assert "--restart" in capsys.readouterr().err
+    assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o", str(out),
+                     "--in-process", "--confidence", "0.99", "--parameters", "k", "--restart", "--no-plots"]) == 0  # fmt: skip
+    wider = json.loads((out / "summary.json").read_text())["intervals"]["k"]
+    assert wider["lower"] < table.loc["k", "lower"] and wider["upper"] > table.loc["k", "upper"]
+    lo, hi = closed_form_interval(0, 1, 0.5 * 6.634896601021214)  # chi2.ppf(0.99, 1) / 2
+    assert abs(wider["lower"] - lo) < 5e-3 * fit["standard_errors"]["k"]
+
+
+@pytest.mark.slow
+def test_profile_command_runs_each_profile_as_a_task_on_the_embedded_dask_cluster(tmp_path):
+    fitted_decay_study(tmp_path)
+    here = tmp_path / "here"
+    diffsoup("profile", tmp_path / "study.toml", "--from-fit", tmp_path / "fit", "-o", here, "--in-process", "--no-plots")
+    out = tmp_path / "dask"
+    proc = diffsoup("profile", tmp_path / "study.toml", "--from-fit", tmp_path / "fit", "-o", out, "--workers", 2,
+                    "--no-plots")  # fmt: skip
+    assert "profiles: 2 of 2 computed (0 from an earlier run), 0 failed" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["where"].startswith("Dask scheduler tcp://127.0.0.1:")
+    ledger = json.loads((out / "profile-ledger.json").read_text())["tasks"]
+    assert all(r["worker"].startswith("tcp://127.0.0.1:") for r in ledger.values())
+    in_process = json.loads((here / "summary.json").read_text())["intervals"]
+    for name, row in summary["intervals"].items():  # the same computation, wherever it ran
+        assert row["lower"] == pytest.approx(in_process[name]["lower"], abs=1e-9)
+        assert row["upper"] == pytest.approx(in_process[name]["upper"], abs=1e-9)
+
+
+def test_profile_command_names_what_is_wrong_in_one_line(tmp_path, capsys):
+    from diffsoup import cli
+
+    study = python_study(tmp_path)
+    code = cli.main(["profile", str(study), "--from-fit", str(tmp_path / "nothing"), "-o", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert code == 1 and f"--from-fit: {tmp_path / 'nothing'} not found" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        cli.main(["profile", str(study), "--from-fit", str(tmp_path), "--confidence", "95"])
+    assert "--confidence 95.0 must lie between 0 and 1" in capsys.readouterr().err

@@ -6,40 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from fit_helpers import SIGMA, SOLVER, TIMES, TRUTH, data, decay_study, problem, reference_fit
+from fit_helpers import SIGMA, SOLVER, TIMES, TRUTH, closed_form_interval, data, decay_study, problem, reference_fit
 
 import diffsoup as ds
 from diffsoup.inference import Parameter, ProfileOptions, profile_parameter
 from diffsoup.inference._profile_likelihood import threshold
 
 TRUE_THETA = np.log10([TRUTH["A"], TRUTH["k"]])
-
-
-def _closed_form_interval(seed, index, delta):
-    """The profile interval of theta[index] from the closed form: scipy minimizes over the other
-    coordinate at each value, brentq finds the threshold crossings."""
-    from scipy.optimize import brentq, minimize_scalar
-
-    d = data(seed)[:, 0]
-
-    def nll(theta):
-        A, k = 10.0 ** np.asarray(theta)
-        r = (A * np.exp(-k * TIMES) - d) / SIGMA
-        return 0.5 * float(r @ r)
-
-    def profile(t):
-        def inner(u):
-            theta = [t, u] if index == 0 else [u, t]
-            return nll(theta)
-
-        return minimize_scalar(inner, bounds=(-2.0, 2.0), method="bounded", options={"xatol": 1e-12}).fun
-
-    best, _, _ = reference_fit(seed)
-    level = nll(best) + delta
-    t0 = best[index]
-    lo = brentq(lambda t: profile(t) - level, t0 - 1.0, t0, xtol=1e-12)
-    hi = brentq(lambda t: profile(t) - level, t0, t0 + 1.0, xtol=1e-12)
-    return lo, hi
 
 
 def test_threshold_is_the_chi_square_quantile_times_the_objectives_scale():
@@ -57,7 +30,7 @@ def test_profile_intervals_match_the_closed_form_profile():
     assert set(prof.profiles) == {"A", "k"} and not prof.failures
     for i, name in enumerate(low.theta_names):
         p = prof.profiles[name]
-        lo, hi = _closed_form_interval(0, i, prof.delta)
+        lo, hi = closed_form_interval(0, i, prof.delta)
         assert not p.lower_open and not p.upper_open and p.reasons == ("crossed", "crossed")
         # The crossing is located to 1e-2 in the objective: for a quadratic profile of curvature
         # 1/se^2 that is ~1e-2 se / sqrt(2 delta) in the parameter.

@@ -35,6 +35,7 @@ from ._fides import Fides
 from ._fit import run_start
 from ._optimizers import AbstractOptimizer
 
+PROFILES_FORMAT = "diffsoup.profiles/1"
 
 def threshold(scale: float, confidence: float = 0.95, dof: int = 1) -> float:
     """The profile's rise above the optimum that bounds a ``confidence`` interval:
@@ -213,15 +214,40 @@ class ProfileResult:
         return best.best_objective, best.best_point
 
     def table(self) -> list[dict]:
-        """One row per parameter: name, estimate, interval (scaled and linear), open sides."""
+        """One row per parameter: name, estimate, interval (scaled and linear), open sides, why
+        each side stopped, evaluations and seconds."""
         rows = []
         linear = self.intervals(linear=True)
         for name, p in self.profiles.items():
-            rows.append({"parameter": name, "scale": self.scales.get(name, "lin"), "estimate": p.estimate,
-                         "lower": p.lower, "upper": p.upper, "lower_linear": linear[name][0],
-                         "upper_linear": linear[name][1], "lower_open": p.lower_open, "upper_open": p.upper_open,
-                         "evaluations": p.n_evaluations})  # fmt: skip
+            scale = self.scales.get(name, "lin")
+            rows.append({"parameter": name, "scale": scale, "estimate": p.estimate, "lower": p.lower,
+                         "upper": p.upper, "estimate_linear": _from_scale(scale, p.estimate),
+                         "lower_linear": linear[name][0], "upper_linear": linear[name][1],
+                         "lower_open": p.lower_open, "upper_open": p.upper_open, "lower_reason": p.reasons[0],
+                         "upper_reason": p.reasons[1], "evaluations": p.n_evaluations,
+                         "seconds": round(float(p.seconds), 3)})  # fmt: skip
         return rows
+
+    def to_json(self) -> dict:
+        """A JSON form (``from_json`` reads it back): every profile's points and the optimum."""
+        return {"format": PROFILES_FORMAT, "theta": np.asarray(self.theta).tolist(), "objective": float(self.objective),
+                "confidence": float(self.confidence), "delta": float(self.delta), "scales": dict(self.scales),
+                "failures": dict(self.failures),
+                "profiles": {name: p.to_json() for name, p in self.profiles.items()}}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ProfileResult":
+        """Read :meth:`to_json`'s form.
+
+        Raises:
+            ValueError: for another format.
+        """
+        if data.get("format") != PROFILES_FORMAT:
+            raise ValueError(f"ProfileResult.from_json: format {data.get('format')!r} is not {PROFILES_FORMAT!r}.")
+        return cls(profiles={k: ParameterProfile.from_json(v) for k, v in data["profiles"].items()},
+                   theta=np.asarray(data["theta"], dtype=np.float64), objective=float(data["objective"]),
+                   confidence=float(data["confidence"]), delta=float(data["delta"]), scales=dict(data["scales"]),
+                   failures=dict(data.get("failures", {})))  # fmt: skip
 
 
 def _from_scale(scale: str, value: float) -> float:
