@@ -11,6 +11,11 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# No persistent compilation cache in the test process itself (the command's in-process tests would
+# turn it on): twice a full suite aborted inside XLA's executable serialization (the cache's write)
+# at a PEtab program after ~400 tests, never in smaller runs. tests/test_compilation_cache.py checks
+# the cache in fresh processes, where it is on.
+jax.config.update("jax_enable_compilation_cache", False)
 # Implicit rank promotion is an error in the tests: broadcasting is written out ([:, None], ...).
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -27,23 +32,6 @@ def rober_problem():
     from diffsoup.examples import rober
 
     return rober().build()
-
-
-@pytest.fixture(autouse=True)
-def _compilation_cache_as_it_was():
-    """A test that runs the command in-process turns JAX's persistent cache on (as the command
-    does); the tests after it run with the cache as it was. (A full suite with the cache on from
-    the command's tests onwards once aborted inside XLA's executable serialization, 400 tests
-    later; not reproduced in smaller runs.)"""
-    from jax._src import compilation_cache
-
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-    yield
-    after = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-    if after != before:
-        jax.config.update("jax_compilation_cache_dir", before[0])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
-        compilation_cache.reset_cache()
 
 
 @pytest.fixture(autouse=True)
