@@ -34,6 +34,21 @@ def rober_problem():
     return rober().build()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_programs_freed_after_each_file():
+    """Each test file's compiled programs are freed when it ends: the suite compiles hundreds of
+    integrators in one process, and full runs died inside XLA's compiler (SIGSEGV, SIGABRT) at the
+    PEtab tests, 30 files in, while the same files in a shorter run pass."""
+    yield
+    import gc
+
+    from diffsoup.inference._lower import clear_program_cache
+
+    clear_program_cache()
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(autouse=True)
 def _klu_on_the_cpu(request):
     """KLU (klujax) runs on the CPU only: on a GPU machine, tests parametrized with a KLU solver
