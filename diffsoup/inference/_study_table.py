@@ -206,18 +206,23 @@ def _slots(codes: np.ndarray, keys: tuple, E: int) -> tuple[np.ndarray, np.ndarr
     return order, slot, int(slot.max()) + 1
 
 
-def _pivot_wide(df, codes, ids, t, names):
-    """``(times, data, spreads or None)`` of a wide table: each row one time of one experiment."""
+def _numeric_columns(df, columns: Sequence[str], rows: int) -> np.ndarray:
+    """``(rows, len(columns))`` float64: each column as numbers (NaN where not a number or absent)."""
     import pandas as pd
 
+    return np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
+                     else np.full(rows, np.nan) for c in columns], axis=1)  # fmt: skip
+
+
+def _pivot_wide(df, codes, ids, t, names):
+    """``(times, data, spreads or None)`` of a wide table: each row one time of one experiment."""
     E = ids.size
     row = np.arange(codes.size)
     order, slot, m = _slots(codes, (row, t), E)  # each row its own time row, in time order
     e_s = codes[order]
     times = np.full((E, m), np.nan)
     times[e_s, slot] = t[order]
-    values = np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
-                       else np.full(codes.size, np.nan) for c in names], axis=1)  # fmt: skip
+    values = _numeric_columns(df, names, codes.size)
     inf = np.isinf(values)
     if inf.any():
         r, j = (int(x) for x in np.argwhere(inf)[0])
@@ -228,8 +233,7 @@ def _pivot_wide(df, codes, ids, t, names):
     sigma_columns = [f"sigma:{c}" for c in names]
     cells = None
     if any(c in df.columns for c in sigma_columns):
-        spreads = np.stack([pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64) if c in df.columns
-                            else np.full(codes.size, np.nan) for c in sigma_columns], axis=1)  # fmt: skip
+        spreads = _numeric_columns(df, sigma_columns, codes.size)
         bad = np.isfinite(values) & ~np.isnan(spreads) & ~(np.isfinite(spreads) & (spreads > 0))
         if bad.any():
             r, j = (int(x) for x in np.argwhere(bad)[0])
