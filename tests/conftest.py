@@ -1,11 +1,17 @@
 """Test configuration: float64 on (diffsoup's default policy needs it), CPU unless a test asks."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
-# The suite's compiled programs go to a folder of its own, never the user's ~/.cache/diffsoup.
-os.environ.setdefault("DIFFSOUP_CACHE_DIR", tempfile.mkdtemp(prefix="diffsoup-test-cache-"))
+# The suite's caches (generated model code, window starts) go to a folder of its own, removed at
+# the end, never the user's ~/.cache/diffsoup.
+if "DIFFSOUP_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="diffsoup-test-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["DIFFSOUP_CACHE_DIR"] = _cache
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

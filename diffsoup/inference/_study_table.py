@@ -206,6 +206,14 @@ def _slots(codes: np.ndarray, keys: tuple, E: int) -> tuple[np.ndarray, np.ndarr
     return order, slot, int(slot.max()) + 1
 
 
+def _refuse_first(df, bad: np.ndarray, ids, codes, columns: Sequence[str], values: np.ndarray, reason: str) -> None:
+    """Raise the row error of the first ``True`` cell of ``bad`` (rows x ``columns``), if any,
+    naming its value and ``reason``."""
+    if bad.any():
+        r, j = (int(x) for x in np.argwhere(bad)[0])
+        raise _row_error(df, bad.any(axis=1), ids, codes, columns[j], f"{values[r, j]} {reason}")
+
+
 def _numeric_columns(df, columns: Sequence[str], rows: int) -> np.ndarray:
     """``(rows, len(columns))`` float64: each column as numbers (NaN where not a number or absent)."""
     import pandas as pd
@@ -223,11 +231,8 @@ def _pivot_wide(df, codes, ids, t, names):
     times = np.full((E, m), np.nan)
     times[e_s, slot] = t[order]
     values = _numeric_columns(df, names, codes.size)
-    inf = np.isinf(values)
-    if inf.any():
-        r, j = (int(x) for x in np.argwhere(inf)[0])
-        raise _row_error(df, inf.any(axis=1), ids, codes, names[j], f"{values[r, j]} is not finite; measured values "
-                         "are finite (empty or NaN: missing).")  # fmt: skip
+    _refuse_first(df, np.isinf(values), ids, codes, names, values,
+                  "is not finite; measured values are finite (empty or NaN: missing).")  # fmt: skip
     data = np.full((E, m, len(names)), np.nan)
     data[e_s, slot] = values[order]
     sigma_columns = [f"sigma:{c}" for c in names]
@@ -235,10 +240,8 @@ def _pivot_wide(df, codes, ids, t, names):
     if any(c in df.columns for c in sigma_columns):
         spreads = _numeric_columns(df, sigma_columns, codes.size)
         bad = np.isfinite(values) & ~np.isnan(spreads) & ~(np.isfinite(spreads) & (spreads > 0))
-        if bad.any():
-            r, j = (int(x) for x in np.argwhere(bad)[0])
-            raise _row_error(df, bad.any(axis=1), ids, codes, sigma_columns[j], f"{spreads[r, j]} is not a positive, "
-                             "finite spread; give one for every measured value.")  # fmt: skip
+        _refuse_first(df, bad, ids, codes, sigma_columns, spreads,
+                      "is not a positive, finite spread; give one for every measured value.")  # fmt: skip
         cells = np.full((E, m, len(names)), np.nan)
         cells[e_s, slot] = spreads[order]
     return times, data, cells

@@ -243,7 +243,6 @@ class LaneTerms:
         if pre is None:
             return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
         from ..integrate import simulate
-
         from ..integrate._steady_state_derivative import steady_state_with_derivatives
 
         pre_pv = jnp.where(a["pre_keep"], pv, _gather(full, a["pre_entry"], a["pre_fixed"]))
