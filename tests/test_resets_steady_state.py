@@ -1,7 +1,7 @@
 """State resets (``ds.Reset``), traced discontinuities and steady-state outputs (``t = inf``) in
 ``ds.simulate``: closed forms, derivatives by adjoint, forward mode, finite differences and the
 implicit function theorem, jit vs no-jit, vmap vs a loop, status codes, and a solve without
-``+inf`` outputs unchanged bit for bit."""
+``+inf`` outputs unchanged (bit for bit against the same solve with the test off)."""
 
 import contextlib
 
@@ -352,7 +352,7 @@ def test_steady_state_validation(reversible):
 # ---- a solve without +inf outputs is unchanged -------------------------------------------------------------------
 
 # ROBER at rtol 1e-8, atol 1e-12, outputs at 1e-2, 1, 1e2, 1e4, 1e6, as computed by the commit before
-# resets and steady states (fcd12ab): every bit of the outputs, and the counters.
+# resets and steady states (fcd12ab): the outputs to 1e-12, and the counters exactly.
 ROBER_YS = [
     "0x1.ffcba92269368p-1", "0x1.31c4ceaeb6d45p-15", "0x1.7c7e52e077978p-12", "0x1.eed3cf897e0a2p-1",
     "0x1.01eb1a6056dd3p-15", "0x1.12828ca1874a2p-5", "0x1.3c0635e140842p-1", "0x1.9cf5e49bcfea7p-18",
@@ -365,22 +365,22 @@ ROBER_GRAD = ["0x1.a027d4ec33811p-11", "-0x1.42cff87bd0010p-40", "-0x1.152763057
 
 
 @pytest.mark.parametrize("adjoint", [ds.CheckpointAdjoint(), FWD], ids=["adjoint", "forward"])
-def test_rober_without_inf_outputs_is_unchanged_bit_for_bit(rober_problem, adjoint):
+def test_rober_without_inf_outputs_is_unchanged(rober_problem, adjoint):
     te = [1e-2, 1.0, 1e2, 1e4, 1e6]
     kw = dict(t_eval=te, rtol=1e-8, atol=1e-12, adjoint=adjoint)
     sol = ds.simulate(rober_problem, **kw)
     assert {k: int(v) for k, v in sol.stats.items()} == ROBER_STATS
+    # The stored bits are those XLA:CPU gave on one machine and jaxlib; another CPU or jaxlib may round the
+    # last bit of a few entries differently (jaxlib 0.12.0.1 does), so across builds the outputs agree to
+    # 1e-12 and the counters exactly.
     expected = np.array([float.fromhex(h) for h in ROBER_YS]).reshape(5, 3)
-    if jax.default_backend() == "cpu":  # the stored bits are those of XLA:CPU
-        np.testing.assert_array_equal(np.asarray(sol.ys), expected)
-    else:
-        np.testing.assert_allclose(np.asarray(sol.ys), expected, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(sol.ys), expected, rtol=1e-12, atol=0)
     # The steady-state test in the program changes nothing when no output is at +inf.
     flagged = ds.simulate(rober_problem, steady_state=SteadyState(), **kw)
     np.testing.assert_array_equal(np.asarray(flagged.ys), np.asarray(sol.ys))
     assert {k: int(v) for k, v in flagged.stats.items()} == ROBER_STATS
-    if isinstance(adjoint, ds.CheckpointAdjoint) and jax.default_backend() == "cpu":
+    if isinstance(adjoint, ds.CheckpointAdjoint):
         g = jax.grad(lambda k: jnp.sum(ds.simulate(rober_problem, params=k, **kw).ys[:, 1]))(
             rober_problem.parameter_vector()
         )
-        np.testing.assert_array_equal(np.asarray(g), [float.fromhex(h) for h in ROBER_GRAD])
+        np.testing.assert_allclose(np.asarray(g), [float.fromhex(h) for h in ROBER_GRAD], rtol=1e-10, atol=0)
