@@ -79,8 +79,10 @@ def test_float64_policy_without_x64_says_how_to_turn_it_on():
     assert out.strip().endswith("ok")
 
 
-def test_demo_runs_end_to_end():
-    out = _run("from diffsoup.cli import main; raise SystemExit(main(['demo', '--grid', '8']))")
+def test_demo_runs_end_to_end_in_process(tmp_path):
+    # The embedded Dask cluster's run of the demo is tests/test_cli.py's; this one fits in-process.
+    out = _run(f"from diffsoup.cli import main; raise SystemExit(main(['demo', '--grid', '8', '--experiments', '10', "
+               f"'--in-process', '-o', {str(tmp_path / 'demo')!r}]))")  # fmt: skip
     assert "ROBER to t=1e11" in out and "Brusselator 2-D N=8" in out and "relative difference" in out
     assert "recovered" in out.lower()
 

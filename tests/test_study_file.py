@@ -94,7 +94,7 @@ def test_valid_file_gives_the_study_built_by_hand(tmp_path):
     assert sf.name == "tiny" and study.levels == ("lab",)
     assert [e.id for e in study.experiments] == ["e1", "e2"]
     assert study.entry_names == ("k1[north]", "k1[south]", "k2")
-    assert sf.solver.rtol == 1e-9 and sf.fit["method"] == "trf" and sf.fit["starts"] == 4
+    assert sf.solver.rtol == 1e-9 and sf.fit["method"] == "fides" and sf.fit["starts"] == 4
     e1, e2 = study.experiments
     assert sf.observables == {"e1": ["A", "C"], "e2": ["A", "scaled"]}
     np.testing.assert_array_equal(e1.times, [0.5, 1.0, 2.0])

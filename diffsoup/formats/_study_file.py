@@ -33,7 +33,7 @@ Paths are relative to the study file. Every error names the file, the line and t
     sigma = 0.02                         # a number, or the name of an estimated parameter
 
     [fit]                                # optional defaults of `diffsoup fit` / `campaign`
-    method = "trf"                       # trf (least squares) or lbfgsb (adjoint gradient)
+    method = "fides"                     # fides (default), trf (least squares) or lbfgsb (adjoint)
     starts = 4
     seed = 0
     max_nfev = 200
@@ -122,7 +122,7 @@ import numpy as np
 from .._precision import Precision
 from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
-from ..inference._fit import METHODS
+from ..inference._fit import DEFAULT_METHOD, METHODS
 from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
@@ -163,7 +163,7 @@ TIME = "time"  # the measurement time's name in observable expressions (/2)
 OBJECTIVES = ("nll", "chi2")
 PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
 # The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
-DEFAULT_FIT = {"method": "trf", "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
+DEFAULT_FIT = {"method": DEFAULT_METHOD, "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
 
 
 @dataclasses.dataclass(frozen=True)
