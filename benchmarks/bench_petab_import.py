@@ -171,6 +171,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--object-sizes", type=int, nargs="*", default=None, help="sizes also loaded as Experiment objects")
     ap.add_argument("--baseline", default=None, help="a checkout whose importer also loads the problems (subprocess)")
+    ap.add_argument("--baseline-sizes", type=int, nargs="*", default=None, help="sizes the baseline loads (default: all)")
     ap.add_argument("--lint-sizes", type=int, nargs="*", default=[10_000], help="sizes petab's lint is timed at")
     ap.add_argument("--folder", default=None, help="where the problems are written (default: a temporary folder)")
     ap.add_argument("--baseline-only", action="store_true", help=argparse.SUPPRESS)  # the baseline's subprocess
@@ -199,7 +200,8 @@ def main():
     if a.baseline:
         env = dict(os.environ, BENCH_BASELINE_ROOT=str(Path(a.baseline).resolve()))
         proc = subprocess.run([sys.executable, __file__, "--baseline-only", "--folder", str(folder), "--sizes",
-                               *map(str, object_sizes)], env=env, capture_output=True, text=True)  # fmt: skip
+                               *map(str, a.sizes if a.baseline_sizes is None else a.baseline_sizes)], env=env,
+                              capture_output=True, text=True)  # fmt: skip
         if proc.returncode != 0:
             raise SystemExit(f"the baseline failed:\n{proc.stderr[-3000:]}")
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RECORDS")][0]

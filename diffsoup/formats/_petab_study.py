@@ -436,7 +436,7 @@ class _Builder:
 
         self.check_ids()
         array = {oid: self.array_noise(o) for oid, o in self.t.observables.items()}
-        reason, rows = "arrays=False", None
+        reason, rows = "load(arrays=False)", None
         if arrays is not False:
             rows = _petab_arrays.rows_of(self.t)
             reason = _petab_arrays.obstacle(self.t, rows, array)
