@@ -416,7 +416,8 @@ def test_transformations_laplace_noise_and_observable_parameters_match_petab(tmp
 
     # petab's lint does not let a noise formula name its observable (petab.v1.calculate_llh does)
     problem, _ = _check_against_petab(yaml, value, validate=False)
-    # 'total' has two slots (columns), each experiment its own observable parameters per slot
+    # 'total' has two slots (columns), each experiment its own observable parameters per slot: objects
+    assert problem.study.arrays is None and "'total'" in problem.objects_reason
     assert problem.columns == ("a_log", "b_log10", "total", "total/1", "a_ln_laplace", "b_log10_normal")
     noise = problem.study.experiments[0].noise
     kinds = [type(n).__name__ + ("" if getattr(n, "base", None) is None else f"{n.base:g}") for n in noise]
@@ -477,7 +478,9 @@ def test_events_functions_switches_and_steady_state_measurements_match_petab(tmp
         return x if row["observableId"] == "x" else v["scale_x"] * x + u
 
     # the steady state within the test's own tolerance (the solve's rtol: the default SteadyState)
-    _check_against_petab(yaml, value, rtol=1e-7)
+    problem, _ = _check_against_petab(yaml, value, rtol=1e-7)
+    # held as arrays: the events' resets, the switches and a condition mapping t_dose to t_late
+    assert problem.study.arrays is not None and problem.study.arrays.resets
 
 
 # -- 3: pre-equilibration, species and compartments in conditions, initial assignments ---------

@@ -343,7 +343,8 @@ def experiment_arrays(
         observables=observables, observables_take_time=observables is not None and takes_time(observables),
         sigma_names=sigma_names, parameters=mapping,
         observable_parameters=_checked_observable_parameters(observable_parameters, problem, E, ids, who),
-        y0_function=y0_function, resets=_checked_resets(resets, who), discontinuities=_checked_discontinuities(discontinuities, who),
+        y0_function=y0_function, resets=_checked_resets(resets, who),
+        discontinuities=_checked_discontinuities(discontinuities, who),
     )  # fmt: skip
 
 
