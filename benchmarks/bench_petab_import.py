@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,8 @@ def main():
     write_json(RESULTS / "bench_petab_import.json", {
         "machine": machine_info(), "problem": __doc__.split("\n\n")[2], "records": records, "table": table,
     })  # fmt: skip
+    if a.folder is None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
