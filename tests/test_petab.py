@@ -416,7 +416,8 @@ def test_transformations_laplace_noise_and_observable_parameters_match_petab(tmp
 
     # petab's lint does not let a noise formula name its observable (petab.v1.calculate_llh does)
     problem, _ = _check_against_petab(yaml, value, validate=False)
-    # 'total' has two slots (columns), each experiment its own observable parameters per slot
+    # 'total' has two slots (columns), each experiment its own observable parameters per slot: objects
+    assert problem.study.arrays is None and "'total'" in problem.objects_reason
     assert problem.columns == ("a_log", "b_log10", "total", "total/1", "a_ln_laplace", "b_log10_normal")
     noise = problem.study.experiments[0].noise
     kinds = [type(n).__name__ + ("" if getattr(n, "base", None) is None else f"{n.base:g}") for n in noise]
@@ -477,7 +478,9 @@ def test_events_functions_switches_and_steady_state_measurements_match_petab(tmp
         return x if row["observableId"] == "x" else v["scale_x"] * x + u
 
     # the steady state within the test's own tolerance (the solve's rtol: the default SteadyState)
-    _check_against_petab(yaml, value, rtol=1e-7)
+    problem, _ = _check_against_petab(yaml, value, rtol=1e-7)
+    # held as arrays: the events' resets, the switches and a condition mapping t_dose to t_late
+    assert problem.study.arrays is not None and problem.study.arrays.resets
 
 
 # -- 3: pre-equilibration, species and compartments in conditions, initial assignments ---------
@@ -590,6 +593,151 @@ def test_a_python_study_with_the_same_features_gives_the_same_value_as_its_petab
     assert lowered.theta_names == theirs.theta_names
     for theta in (twin.nominal, twin.nominal + np.linspace(-0.1, 0.1, twin.nominal.size)):
         np.testing.assert_allclose(lowered.value(theta), theirs.value(theta), rtol=1e-9)
+
+
+# -- 4: many conditions: the study held as arrays ----------------------------------------------
+
+
+def _cohort_model():
+    m = Model()
+    m.compartment("cell", 1.0)
+    m.species("A", "cell", 1.0)
+    m.species("B", "cell", 0.0)
+    for pid, v in (("k1", 0.5), ("k2", 0.2), ("kin", 0.1)):
+        m.parameter(pid, v)
+    m.reaction("make", [], ["A"], "kin * cell")
+    m.reaction("convert", ["A"], ["B"], "k1 * A * cell")
+    m.reaction("decay", ["B"], [], "k2 * B * cell")
+    return m
+
+
+COHORT_PARAMETERS = [_par("k2", 0.2), _par("kin_lo", 0.05), _par("kin_hi", 0.2), _par("sd_a", 0.1),
+                     _par("sd_b", 0.08), _par("scale_b", 1.5), _par("offset_b", 0.1, scale="lin", lower=-1, upper=1)]  # fmt: skip
+
+
+def _cohort_problem(folder, n, edit=None):
+    """``n`` conditions, each its own rate ``k1`` (a number), production rate (one of two estimated
+    parameters), initial ``A`` (a number, or the model's); 3 or 4 times; observable parameters per
+    condition (a parameter or a number), noise parameters per row (numbers, some a parameter), an
+    estimated sigma, a log-Laplace observable with replicates; the measurement rows shuffled."""
+    rng = np.random.default_rng(11)
+    conditions, meas = [], []
+    for c in range(n):
+        cid = f"s{c}"
+        conditions.append({"conditionId": cid, "k1": round(float(rng.uniform(0.2, 1.0)), 6),
+                           "kin": "kin_lo" if c % 2 else "kin_hi",
+                           "A": round(float(rng.uniform(0.5, 2.0)), 6) if c % 3 else math.nan})  # fmt: skip
+        times = (0.5, 1.0, 2.0) + ((4.0,) if c % 4 == 0 else ())
+        for t in times:
+            meas.append(_meas("obs_a", cid, round(float(rng.uniform(0.3, 2.0)), 6), t))
+            meas.append(_meas("obs_b", cid, round(float(rng.uniform(0.0, 1.0)), 6), t,
+                              op="scale_b" if c % 2 else "2.0", np_="sd_b" if c % 5 == 0 else 0.05 + 0.02 * t))  # fmt: skip
+        for _ in range(1 + (c % 7 == 0)):
+            meas.append(_meas("obs_total", cid, round(float(rng.uniform(0.5, 2.5)), 6), times[-1]))
+    meas = [meas[i] for i in rng.permutation(len(meas))]
+    observables = [
+        {"observableId": "obs_a", "observableFormula": "A", "noiseFormula": "sd_a"},
+        {"observableId": "obs_b", "observableFormula": "observableParameter1_obs_b * B + offset_b",
+         "noiseFormula": "noiseParameter1_obs_b"},
+        {"observableId": "obs_total", "observableFormula": "A + B", "noiseFormula": "0.1",
+         "observableTransformation": "log", "noiseDistribution": "laplace"},
+    ]  # fmt: skip
+    if edit is not None:
+        edit(conditions, meas)
+    return write_problem(folder, _cohort_model(), conditions=conditions, observables=observables, measurements=meas,
+                         parameters=COHORT_PARAMETERS)  # fmt: skip
+
+
+def test_many_conditions_are_held_as_arrays_and_match_the_experiment_objects(tmp_path):
+    """300 conditions: the study is held as arrays (no Experiment object per condition), with the
+    same experiments, placements, value and gradient as the same problem built as ds.Experiment
+    objects, and the simulation table gives petab's own likelihood."""
+    from diffsoup.inference._experiment_arrays import ExperimentViews
+
+    yaml = _cohort_problem(tmp_path / "p", 300)
+    arrays = ds.petab.load(yaml)
+    objects = ds.petab.load(yaml, arrays=False)
+    assert arrays.objects_reason is None and arrays.study.arrays is not None
+    assert isinstance(arrays.study.experiments, ExperimentViews)  # views built on access, not a list
+    assert objects.study.arrays is None and isinstance(objects.study.experiments[0], ds.Experiment)
+    assert arrays.study.ids == objects.study.ids and len(arrays.study.ids) == 300
+    assert arrays.columns == objects.columns == ("obs_a", "obs_b", "obs_total")
+    for field in ("experiment", "row", "column"):
+        np.testing.assert_array_equal(getattr(arrays.placements, field), getattr(objects.placements, field))
+    # every measurement row lies where its value is
+    mt = arrays.petab_problem.measurement_df
+    data = arrays.study.arrays.data
+    pl = arrays.placements
+    np.testing.assert_array_equal(data[pl.experiment, pl.row, pl.column], mt["measurement"].to_numpy(float))
+    assert arrays.placement(5) == objects.placement(5)
+    # a view is the objects' experiment
+    for i in (0, 5, 13):
+        view, obj = arrays.study.experiments[i], objects.study.experiments[i]
+        np.testing.assert_array_equal(view.times, obj.times)
+        np.testing.assert_array_equal(view.data, obj.data)
+        assert view.conditions == obj.conditions and view.parameters == obj.parameters
+        assert view.observable_parameters == obj.observable_parameters
+    theta = arrays.nominal + np.linspace(-0.1, 0.1, arrays.nominal.size)
+    va, ga = arrays.lower(solver=TIGHT).value_and_grad(theta)
+    vo, go = objects.lower(solver=TIGHT).value_and_grad(theta)
+    assert va == pytest.approx(vo, rel=1e-12)
+    np.testing.assert_allclose(ga, go, rtol=1e-12, atol=1e-12 * np.abs(go).max())
+    sim = arrays.simulation_table(theta, solver=TIGHT)
+    pp = arrays.petab_problem
+    at_theta = pp.parameter_df.copy()
+    for name, value in arrays.inference_problem().parameter_values(theta).items():
+        at_theta.loc[name, "nominalValue"] = value
+    llh = petab.calculate_llh(pp.measurement_df, sim, pp.observable_df, at_theta)
+    assert abs(llh + va) <= 1e-9 * abs(va), (llh, va)
+
+
+def _set_row(table, index, **values):
+    def edit(conditions, meas):
+        rows = conditions if table == "conditions" else meas
+        rows[index] = {**rows[index], **values}
+
+    return edit
+
+
+# (edit, error pattern): the rows the arrays' vectorized checks refuse, named by file, row and column
+COHORT_ERRORS = [
+    pytest.param(_set_row("measurements", 17, observableId="obs_b", noiseParameters="-0.1", observableParameters="2.0"),
+                 r"measurements.tsv, row 18 \(line 19\), column 'noiseParameters': the noise of 'obs_b' is -0.1",
+                 id="negative-noise"),
+    pytest.param(_set_row("measurements", 23, observableId="obs_total", measurement=0.0),
+                 r"measurements.tsv, row 24 \(line 25\), column 'measurement': 0.0 is not positive; the observable "
+                 r"'obs_total' is log-transformed", id="log-of-zero"),
+    pytest.param(_set_row("measurements", 29, observableId="obs_b", noiseParameters="sd_nope", observableParameters="2.0"),
+                 r"measurements.tsv, row 30 \(line 31\), column 'noiseParameters': 'sd_nope' is not a parameter",
+                 id="unknown-noise-parameter"),
+    pytest.param(_set_row("conditions", 6, kin="kin_nope"),
+                 r"conditions.tsv, row 7 \(line 8\), column 'kin': 'kin_nope' is not a parameter", id="unknown-mapping"),
+]
+
+
+@pytest.mark.parametrize("edit, pattern", COHORT_ERRORS)
+def test_bad_rows_of_many_conditions_are_named_by_file_row_and_column(tmp_path, edit, pattern):
+    yaml = _cohort_problem(tmp_path / "p", 40, edit)
+    with pytest.raises(PetabError, match=pattern) as info:
+        ds.petab.load(yaml, validate=False)
+    assert info.value.row is not None and info.value.column is not None
+
+
+def test_what_arrays_cannot_hold_goes_to_experiment_objects(tmp_path):
+    """Two sets of observable parameters of one observable in one condition need two columns:
+    Experiment objects (arrays=True says why)."""
+
+    def edit(conditions, meas):
+        first = next(i for i, m in enumerate(meas) if m["observableId"] == "obs_b" and m["simulationConditionId"] == "s4")
+        meas[first] = {**meas[first], "observableParameters": "3.0"}
+
+    yaml = _cohort_problem(tmp_path / "p", 12, edit)
+    problem = ds.petab.load(yaml, validate=False)
+    assert problem.study.arrays is None and problem.columns == ("obs_a", "obs_b", "obs_b/1", "obs_total")
+    assert "'obs_b' has different observableParameters or noiseParameters within condition 's4'" in problem.objects_reason
+    with pytest.raises(PetabError, match=r"problem.yaml: the study cannot be held as arrays \(arrays=True\): "
+                                         r"observable 'obs_b' .* condition 's4' \(measurements.tsv, rows \d+ and \d+\)"):
+        ds.petab.load(yaml, validate=False, arrays=True)
 
 
 # -- gradients ---------------------------------------------------------------------------------

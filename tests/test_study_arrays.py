@@ -329,3 +329,39 @@ def test_study_file_experiment_table(tmp_path):
     (tmp_path / "bad.toml").write_text(STUDY_FILE.format(experiments=table.replace("cohort.csv", "bad.csv")))
     with pytest.raises(StudyFileError, match=r"row 5 \(experiment 'e3'\), column 'sigma:A': -1.0 is not a positive"):
         load_study(tmp_path / "bad.toml")
+
+
+def test_names_in_conditions_spreads_and_observable_parameters_resolve_as_the_views_do(studies):
+    """Study parameters' names given per experiment (in conditions, spreads and observable
+    parameters, numbers elsewhere): the vectorized plan is, row by row, what the object path
+    resolves for the row's Experiment view; an unknown name is refused naming the experiment."""
+    objects, _, _ = studies
+    a = arrays_of(objects)
+    E = len(a["ids"])
+    k3 = np.array([0.25 if i % 2 else "k2" for i in range(E)], dtype=object)  # even rows: k3 is k2's entry
+    gain = np.array(["k1" if i % 3 else 2.0 for i in range(E)], dtype=object)
+    sigma = np.full(a["data"].shape[:2], 0.02).astype(object)
+    sigma[::2, 1] = "k3"
+    params = objects.parameters
+    study = ds.Study.from_arrays(objects.problem, parameters=params, observable_parameters={"gain": gain},
+                                 noise=[Gaussian(0.02), Gaussian(sigma), Gaussian("k1")],
+                                 **dict(a, conditions={"k3": k3}))  # fmt: skip
+    plan = study.array_plan
+    for i, eid in enumerate(study.ids):
+        view = study.resolved[eid]
+        for j, (kind, value) in enumerate(view["plan"]):
+            entry, fixed = (np.broadcast_to(x, (E,))[i] for x in plan.columns[j])
+            assert (kind, value) == (("entry", entry) if entry >= 0 else ("fixed", fixed))
+        ((name, (kind, value)),) = view["observable_plan"]
+        entry, fixed = (np.broadcast_to(x, (E,))[i] for x in plan.observable_columns[0])
+        assert name == "gain" and (kind, value) == (("entry", entry) if entry >= 0 else ("fixed", fixed))
+        m = len(study.experiments[i].times)
+        np.testing.assert_array_equal(np.broadcast_to(plan.sigma_cells, a["data"].shape)[i, :m], view["sigma_entries"])
+    assert study.entry_index["k2"] in plan.columns[2][0] and study.entry_index["k3"] in plan.sigma_cells
+    with pytest.raises(ValueError, match=r"experiment 'e0' \(row 0\): conditions\['k3'\] names 'nope', which is not"):
+        ds.Study.from_arrays(objects.problem, parameters=params, noise=Gaussian(0.02),
+                             **dict(a, conditions={"k3": np.where(k3 == "k2", "nope", k3)}))  # fmt: skip
+    gain[4] = np.nan
+    with pytest.raises(ValueError, match=r"experiment 'e4' \(row 4\): observable_parameters\['gain'\] is nan"):
+        ds.Study.from_arrays(objects.problem, parameters=params, noise=Gaussian(0.02),
+                             observable_parameters={"gain": gain}, **a)  # fmt: skip

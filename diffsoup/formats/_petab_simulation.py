@@ -27,10 +27,16 @@ def simulation_table(problem: Any, predictions: Mapping[str, dict]):
     from petab.v1.C import MEASUREMENT, SIMULATION
 
     df = problem.petab_problem.measurement_df.copy().reset_index(drop=True)
-    values = np.full(len(problem.tables.measurements), np.nan)
-    for m in problem.tables.measurements:
-        eid, i, j = problem.placement(m.index)
-        values[m.index] = float(np.asarray(predictions[eid]["observables"])[i, j])
+    places = problem.placements
+    values = np.full(len(places), np.nan)
+    # The rows of each experiment, gathered from its observables at once (a loop over experiments).
+    order = np.argsort(places.experiment, kind="stable")
+    bounds = np.searchsorted(places.experiment[order], np.arange(len(places.ids) + 1))
+    for e, eid in enumerate(places.ids):
+        rows = order[bounds[e] : bounds[e + 1]]
+        if rows.size:
+            observed = np.asarray(predictions[eid]["observables"], dtype=np.float64)
+            values[rows] = observed[places.row[rows], places.column[rows]]
     if len(df) != values.size:  # petab concatenates the files we read row by row: the same rows
         raise RuntimeError(f"simulation_table: {len(df)} rows in petab's measurement table, {values.size} read.")
     df = df.rename(columns={MEASUREMENT: SIMULATION})

@@ -3,10 +3,15 @@
 How PEtab's tables become experiments:
 
 * **Experiments.** The measurements are grouped by ``(simulationConditionId,
-  preequilibrationConditionId)``; each group is one ``ds.Experiment``, named by its simulation
+  preequilibrationConditionId)``; each group is one experiment, named by its simulation
   condition, or ``"<simulation>@<pre-equilibration>"`` when it has one. Its times are the group's
   distinct measurement times, each repeated as often as the most replicates any observable has
   there; ``time = inf`` measurements are the steady state (the last rows).
+* **Arrays or objects.** Without pre-equilibration, and with one set of observable (and noise
+  expression) parameters per observable and condition, the study is held as arrays
+  (``ds.Study.from_arrays``, built from the tables' columns without a loop over rows or
+  conditions: :mod:`._petab_arrays`); otherwise each experiment is a ``ds.Experiment``. Both give
+  the same experiments, columns, numbers and placements (``load(arrays=...)`` chooses).
 * **Observable columns.** One column per observable, shared by every experiment (NaN where an
   experiment has no value), so that all experiments evaluate the same observables function and
   are vmapped together. An observable whose rows in one experiment give different
@@ -50,12 +55,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ._petab_arrays import INITIAL_SET, INITIAL_VALUE, Placements
 from ._petab_formulas import Column, compile_formulas
 from ._petab_tables import PetabError, PetabTables, read_tables
 
 DEFAULT_RTOL = 1e-8
 DEFAULT_ATOL = 1e-8
-INITIAL_VALUE, INITIAL_SET = ":initial", ":initial_set"
 _IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -82,11 +87,18 @@ class PetabProblem:
         nominal_values: every parameter's nominal value (linear scale), by id (``theta_of(values)``
             gives ``theta`` at other values).
         files: every file of the problem (the YAML first).
+        placements: where each measurement row lies: ``placements[row]`` is ``(experiment id, row
+            of its data, column)``; its arrays ``experiment`` (study indices), ``row``, ``column``.
+        objects_reason: why the study holds ``Experiment`` objects rather than arrays (None: it
+            holds arrays, ``study.arrays``).
     """
 
-    def __init__(self, tables: PetabTables, model: Any, study: Any, columns: tuple, placements: dict, formulas: Any):
+    def __init__(self, tables: PetabTables, model: Any, study: Any, columns: tuple, placements: Placements,
+                 formulas: Any, objects_reason: str | None = None):  # fmt: skip
         from ..inference import SolverOptions
 
+        self.placements = placements
+        self.objects_reason = objects_reason
         self.tables = tables
         self.path = tables.yaml_path
         self.name = tables.yaml_path.stem
@@ -94,7 +106,6 @@ class PetabProblem:
         self.study = study
         self.columns = columns
         self.formulas = formulas
-        self._placements = placements
         self.solver = SolverOptions(rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)
         self.petab_problem = tables.problem
         self.parameter_table = tables.problem.parameter_df
@@ -174,26 +185,33 @@ class PetabProblem:
     def placement(self, row: int) -> tuple[str, int, int]:
         """Where measurement ``row`` (0-based, over the concatenated measurement tables) lies:
         ``(experiment id, row of its data, column)``."""
-        return self._placements[row]
+        return self.placements[row]
 
     def __repr__(self) -> str:
         return (f"PetabProblem({self.name!r}, experiments={len(self.study.experiments)}, "
-                f"measurements={len(self.tables.measurements)}, estimated={len(self.theta_names)})")  # fmt: skip
+                f"measurements={len(self.tables.measurement_table)}, estimated={len(self.theta_names)}"
+                f"{', held as arrays' if self.objects_reason is None else ''})")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------
 
 
 def load(yaml_path: Any, *, validate: bool = True, cache: bool = True, cache_dir: Any = None,
-         precision: Any = None, linear_solver: Any = None) -> PetabProblem:  # fmt: skip
+         precision: Any = None, linear_solver: Any = None, arrays: bool | None = None) -> PetabProblem:  # fmt: skip
     """Import a PEtab v1 problem.
 
     Args:
         yaml_path: the problem's YAML file.
-        validate: run ``petab.v1.lint_problem`` too (about a second).
+        validate: run ``petab.v1.lint_problem`` too: about a second for the benchmark problems,
+            but petab checks row by row (measured: 9 s for 90,000 measurement rows, 114 s for
+            900,000); ``validate=False`` skips it, and diffsoup's own checks of every row stay.
         cache: read and write the generated code (model, formulas) in the disk cache.
         cache_dir: the cache's root (default: ``DIFFSOUP_CACHE_DIR``'s).
         precision, linear_solver: for ``spec.build`` (defaults: float64, the default solver).
+        arrays: None holds the study as arrays (``ds.Study.from_arrays``, no ``Experiment`` object
+            per condition) when the problem allows it (no pre-equilibration; one set of observable
+            parameters per observable and condition), else as ``Experiment`` objects; True
+            requires arrays (a ``PetabError`` says what prevents them); False builds the objects.
 
     Returns:
         A :class:`PetabProblem`.
@@ -213,7 +231,7 @@ def load(yaml_path: Any, *, validate: bool = True, cache: bool = True, cache_dir
     except SBMLError as exc:
         raise PetabError(str(exc), path=tables.sbml_path) from None
     return _Builder(tables, model, cache=cache, cache_dir=cache_dir, precision=precision,
-                    linear_solver=linear_solver).build()  # fmt: skip
+                    linear_solver=linear_solver).build(arrays)  # fmt: skip
 
 
 class _Builder:
@@ -235,30 +253,38 @@ class _Builder:
             if pid in self.states or pid in model.derived_ids:
                 raise row.origin.error(f"{pid!r} is a state or assignment-rule target of the model, not a parameter; "
                                        "set a species' initial value in the condition table", "parameterId")  # fmt: skip
+        ct = self.t.condition_table
         init_states = []
-        for cid, cond in self.t.conditions.items():
-            for column, value in cond.values.items():
-                if column in self.states:
-                    if column not in init_states and not (isinstance(value, float) and math.isnan(value)):
-                        init_states.append(column)
-                elif column in self.model_parameters:
-                    if isinstance(value, float) and math.isnan(value):
-                        raise cond.origin.error(f"condition {cid!r} gives no value for model parameter {column!r}",
-                                                column)  # fmt: skip
-                elif column in entities:
-                    raise cond.origin.error(f"{column!r} is an assignment-rule target or reaction of the model; a "
-                                            "condition can set parameters, compartments and species", column)  # fmt: skip
-                else:
-                    raise cond.origin.error(f"{column!r} is not a parameter, compartment or species of the model",
-                                            column)  # fmt: skip
-                if column in self.table:
-                    raise cond.origin.error(f"{column!r} is also in the parameter table; a condition column may not be",
-                                            column)  # fmt: skip
-                if isinstance(value, str) and value not in self.table:
-                    raise cond.origin.error(f"{value!r} is not a parameter of the parameter table", column)
+        for column, (numbers, names, given) in ct.columns.items():
+            named = names != ""
+            if not given.any():
+                continue
+            first = int(np.argmax(given))
+            if column in self.states:
+                if np.any(given & (named | ~np.isnan(numbers))):
+                    init_states.append(column)
+            elif column in self.model_parameters:
+                missing = given & ~named & np.isnan(numbers)
+                if missing.any():
+                    i = int(np.argmax(missing))
+                    raise ct.origin(i).error(f"condition {ct.ids[i]!r} gives no value for model parameter {column!r}",
+                                             column)  # fmt: skip
+            elif column in entities:
+                raise ct.origin(first).error(f"{column!r} is an assignment-rule target or reaction of the model; a "
+                                             "condition can set parameters, compartments and species", column)  # fmt: skip
+            else:
+                raise ct.origin(first).error(f"{column!r} is not a parameter, compartment or species of the model",
+                                             column)  # fmt: skip
+            if column in self.table:
+                raise ct.origin(first).error(f"{column!r} is also in the parameter table; a condition column may not "
+                                             "be", column)  # fmt: skip
+            unknown = given & named & ~np.isin(names, list(self.table))
+            if unknown.any():
+                i = int(np.argmax(unknown))
+                raise ct.origin(i).error(f"{names[i]!r} is not a parameter of the parameter table", column)
         self.init_states = tuple(s for s in model.state_ids if s in init_states)
         events = model.events
-        if events and any(m.preequilibration for m in self.t.measurements):
+        if events and np.any(self.t.measurement_table.preequilibration != ""):
             raise PetabError(f"the model has time-triggered events ({', '.join(e.id for e in events)}) and the "
                              "problem pre-equilibrates: events with pre-equilibration are not supported",
                              path=self.t.sbml_path)  # fmt: skip
@@ -277,12 +303,25 @@ class _Builder:
             return True
         return text in self.table and text not in self.model_parameters
 
-    def layout(self):
+    def array_columns(self, rows, array: dict) -> tuple:
+        """The columns of a study held as arrays: one per measured observable, in table order."""
+        measured = set(np.unique(rows.observable).tolist())
+        return tuple(Column(obs, 0, tuple((n, n) for n in self.placeholder_names(obs, array[oid])), array[oid])
+                     for o, (oid, obs) in enumerate(self.t.observables.items()) if o in measured)  # fmt: skip
+
+    @staticmethod
+    def placeholder_names(obs, array_noise: bool) -> list:
+        """The placeholders of an observable that are observable parameters (``q``)."""
+        names = [f"observableParameter{n}_{obs.id}" for n in range(1, obs.placeholders("observable") + 1)]
+        if not array_noise:
+            names += [f"noiseParameter{n}_{obs.id}" for n in range(1, obs.placeholders("noise") + 1)]
+        return names
+
+    def layout(self, array: dict):
         """Experiments (key -> rows), columns, and each experiment's slot of each observable row."""
         groups: dict[tuple, list] = {}
         for m in self.t.measurements:
             groups.setdefault((m.condition, m.preequilibration), []).append(m)
-        array = {oid: self.array_noise(o) for oid, o in self.t.observables.items()}
         slots: dict[tuple, dict] = {}  # experiment key -> observable -> slot key -> slot index
         n_slots: dict[str, int] = {}
         for key, rows in groups.items():
@@ -295,12 +334,10 @@ class _Builder:
         columns = []
         for oid, obs in self.t.observables.items():
             for s in range(n_slots.get(oid, 0)):
-                names = [f"observableParameter{n}_{oid}" for n in range(1, obs.placeholders("observable") + 1)]
-                if not array[oid]:
-                    names += [f"noiseParameter{n}_{oid}" for n in range(1, obs.placeholders("noise") + 1)]
+                names = self.placeholder_names(obs, array[oid])
                 renames = tuple((n, n if s == 0 else f"{n}/{s}") for n in names)
                 columns.append(Column(obs, s, renames, array[oid]))
-        return groups, tuple(columns), slots, array
+        return groups, tuple(columns), slots
 
     # -- the model ------------------------------------------------------------------------------
     def problem(self):
@@ -395,17 +432,35 @@ class _Builder:
         return observables, sigma, y0, discontinuities, tuple(resets)
 
     # -- experiments ----------------------------------------------------------------------------
-    def build(self) -> PetabProblem:
-        from ..inference import Experiment, Parameter, Preequilibration, Study
+    def build(self, arrays: bool | None = None) -> PetabProblem:
+        from . import _petab_arrays
 
         self.check_ids()
-        groups, columns, slots, array = self.layout()
+        array = {oid: self.array_noise(o) for oid, o in self.t.observables.items()}
+        reason, rows = "load(arrays=False)", None
+        if arrays is not False:
+            rows = _petab_arrays.rows_of(self.t)
+            reason = _petab_arrays.obstacle(self.t, rows, array)
+            if reason is not None and arrays:
+                raise PetabError(f"the study cannot be held as arrays (arrays=True): {reason}", path=self.t.yaml_path)
+        if reason is None:
+            columns = self.array_columns(rows, array)
+        else:
+            groups, columns, slots = self.layout(array)
         table_parameters = [p for p in self.table if p not in self.model_parameters]
         formulas = compile_formulas(self.model, columns, table_parameters, cache=self.cache, cache_dir=self.cache_dir)
         problem = self.problem()
-        observables, sigma, y0, discontinuities, resets = self.functions(formulas)
-        column_of = {(c.observable.id, c.slot): j for j, c in enumerate(columns)}
-        noise_models = [self.noise_class(c) for c in columns]
+        functions = self.functions(formulas)
+        parameters = self.parameters()
+        if reason is None:
+            study, placements = _petab_arrays.build_study(self, rows, columns, formulas, problem, functions, parameters)
+        else:
+            study, placements = self.objects(groups, columns, slots, array, formulas, problem, functions, parameters)
+        return PetabProblem(self.t, self.model, study, tuple(c.name for c in columns), placements, formulas, reason)
+
+    def parameters(self) -> list:
+        """The parameter table's rows as ``ds.inference.Parameter``."""
+        from ..inference import Parameter
 
         parameters = []
         for pid, row in self.table.items():
@@ -417,8 +472,18 @@ class _Builder:
                                             estimate=row.estimate))  # fmt: skip
             except ValueError as exc:
                 raise row.origin.error(str(exc)) from None
+        return parameters
 
-        experiments, placements = [], {}
+    def objects(self, groups, columns, slots, array, formulas, problem, functions, parameters):
+        """``(study of one ds.Experiment per group, Placements)``."""
+        from ..inference import Experiment, Preequilibration, Study
+
+        observables, sigma, y0, discontinuities, resets = functions
+        column_of = {(c.observable.id, c.slot): j for j, c in enumerate(columns)}
+        noise_models = [self.noise_class(c) for c in columns]
+        n = len(self.t.measurement_table)
+        placed = np.zeros((3, n), dtype=np.int64)  # experiment, row, column of each measurement row
+        experiments = []
         for (cid, pre), rows in groups.items():
             eid = cid if pre is None else f"{cid}@{pre}"
             slot_of = slots[(cid, pre)]
@@ -445,7 +510,7 @@ class _Builder:
                 t, r, j = cell_of_row[m.index]
                 i = first_row[t] + r
                 data[i, j] = m.value
-                placements[m.index] = (eid, i, j)
+                placed[:, m.index] = (len(experiments), i, j)
                 col = columns[j]
                 if col.array_noise:
                     cells[i, j] = self.spread_cell(m, col)
@@ -490,7 +555,7 @@ class _Builder:
             study = Study(problem, experiments, parameters)
         except ValueError as exc:
             raise PetabError(f"the problem does not make a study: {exc}", path=self.t.yaml_path) from None
-        return PetabProblem(self.t, self.model, study, tuple(c.name for c in columns), placements, formulas)
+        return study, Placements(study.ids, *placed)
 
     def spread_cell(self, m, col) -> float | str:
         text = col.observable.noise_formula.strip()

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import re
 import warnings
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ._reader import StudyFileError
 
@@ -152,8 +155,9 @@ class PetabTables:
         yaml_path: the YAML file.
         sbml_path: the SBML model.
         problem: the ``petab.v1.Problem`` (its data frames: what ``petab.v1`` functions take).
-        observables, parameters, conditions: id -> row, in table order.
-        measurements: the rows in table order.
+        observables, parameters: id -> row, in table order.
+        condition_table, measurement_table: the conditions and measurements as columns
+            (:class:`ConditionTable`, :class:`MeasurementTable`).
         files: every file read (the YAML first).
     """
 
@@ -162,9 +166,19 @@ class PetabTables:
     problem: Any
     observables: dict
     parameters: dict
-    conditions: dict
-    measurements: tuple
+    condition_table: ConditionTable
+    measurement_table: MeasurementTable
     files: tuple
+
+    @functools.cached_property
+    def conditions(self) -> dict:
+        """Condition id -> :class:`ConditionRow`, in table order (built on first use)."""
+        return self.condition_table.rows()
+
+    @functools.cached_property
+    def measurements(self) -> tuple:
+        """The :class:`MeasurementRow` objects in table order (built on first use)."""
+        return self.measurement_table.rows()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def read_tables(yaml_path: Any, *, validate: bool = True) -> PetabTables:
     measurements = _measurements(measurement_files, observables, conditions)
     problem = _petab_problem(yaml_path)
     tables = PetabTables(yaml_path=yaml_path, sbml_path=sbml_path, problem=problem, observables=observables,
-                         parameters=parameters, conditions=conditions, measurements=measurements,
+                         parameters=parameters, condition_table=conditions, measurement_table=measurements,
                          files=(yaml_path, sbml_path, *parameter_files, *condition_files, *measurement_files,
                                 *observable_files))  # fmt: skip
     if validate:
@@ -266,9 +280,21 @@ def _warn(message: str) -> None:
     warnings.warn(message, PetabWarning, stacklevel=3)
 
 
+@contextlib.contextmanager
+def _mixed_columns_quiet():
+    """pandas' DtypeWarning (a large column of numbers and ids, e.g. observableParameters) kept
+    quiet: the importer parses such columns cell by distinct cell itself."""
+    from pandas.errors import DtypeWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DtypeWarning)
+        yield
+
+
 def _read(path: Path, reader):
     try:
-        return reader(path)
+        with _mixed_columns_quiet():
+            return reader(path)
     except Exception as exc:  # noqa: BLE001 (pandas' and petab's errors for a malformed table vary)
         raise PetabError(f"cannot be read as a PEtab table: {type(exc).__name__}: {exc}", path=path) from None
 
@@ -400,32 +426,167 @@ def _parameters(paths) -> dict:
     return out
 
 
-def _conditions(paths) -> dict:
+class _BadCell(Exception):
+    """A cell that does not parse; its message, and its column (None: the caller's)."""
+
+    def __init__(self, message: str, column: str | None = None):
+        super().__init__(message)
+        self.column = column
+
+
+def _factorized(values) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, uniques)`` of a column, NaN and None a value of their own: the cells are parsed
+    once per distinct value, not once per row."""
+    import pandas as pd
+
+    codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def _parse_column(path: Path, rows: np.ndarray, values, column: str, parse) -> tuple[np.ndarray, list]:
+    """``(codes, parsed)``: ``parse`` of each distinct value of a column; a value it refuses raises
+    a :class:`PetabError` naming the first row that holds it (``rows``: their 1-based rows)."""
+    codes, uniques = _factorized(values)
+    parsed: list = []
+    bad = {}
+    for code, value in enumerate(uniques):
+        try:
+            parsed.append(parse(value))
+        except _BadCell as exc:
+            parsed.append(None)
+            bad[code] = exc
+    if bad:
+        first = int(np.flatnonzero(np.isin(codes, list(bad)))[0])
+        exc = bad[int(codes[first])]
+        raise PetabError(str(exc), path=path, row=int(rows[first]), column=exc.column or column)
+    return codes, parsed
+
+
+def _first_bad(path: Path, rows: np.ndarray, checks) -> None:
+    """Raise the error of the earliest row among ``checks`` (``(bad mask, message of row i,
+    column)``, ties in their order)."""
+    found = []
+    for order, (bad, message, column) in enumerate(checks):
+        hit = np.flatnonzero(bad)
+        if hit.size:
+            found.append((int(hit[0]), order, message, column))
+    if found:
+        i, _, message, column = min(found, key=lambda x: x[:2])
+        raise PetabError(message(i), path=path, row=int(rows[i]), column=column)
+
+
+def _cell_number(value, *, required: bool = True) -> float:
+    if _blank(value):
+        if required:
+            raise _BadCell("is empty; give a number")
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise _BadCell(f"{value!r} is not a number") from None
+
+
+def _condition_cell(value) -> float | str:
+    v = number_or_id(value)
+    if isinstance(v, str) and not _IDENTIFIER.match(v):
+        raise _BadCell(f"{v!r} is neither a number nor a parameter id")
+    return v
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ConditionTable:
+    """The condition tables as columns, one entry per condition (in table order).
+
+    Attributes:
+        ids: ``(C,)`` condition ids.
+        columns: column (a model id) -> ``(numbers, names, given)``: ``(C,)`` floats (NaN where
+            empty or a name), ``(C,)`` parameter ids (``""`` where none), and where the row's file
+            has the column.
+        paths, file, row: the files, and each condition's file (index) and 1-based row.
+    """
+
+    ids: np.ndarray
+    columns: dict
+    paths: tuple
+    file: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def origin(self, i: int) -> Origin:
+        return Origin(self.paths[int(self.file[i])], int(self.row[i]))
+
+    @functools.cached_property
+    def index(self) -> dict:
+        """Condition id -> its position."""
+        return {c: i for i, c in enumerate(self.ids.tolist())}
+
+    def rows(self) -> dict:
+        """Condition id -> :class:`ConditionRow` (the columns its file has)."""
+        out = {}
+        items = [(c, *v) for c, v in self.columns.items()]
+        for i, cid in enumerate(self.ids.tolist()):
+            values = {}
+            for column, numbers, names, given in items:
+                if given[i]:
+                    values[column] = names[i] if names[i] else float(numbers[i])
+            out[cid] = ConditionRow(cid, values, self.origin(i))
+        return out
+
+
+def _conditions(paths) -> ConditionTable:
+    import pandas as pd
     from petab.v1.conditions import get_condition_df
 
-    out: dict[str, ConditionRow] = {}
+    frames = []
     for path in paths:
         df = _read(path, get_condition_df)
-        for row, (cid, rec) in enumerate(df.iterrows(), start=1):
-            origin = Origin(path, row)
-            cid = str(cid)
-            if not _IDENTIFIER.match(cid):
-                raise origin.error(f"{cid!r} is not a valid id", "conditionId")
-            if cid in out:
-                raise origin.error(f"{cid!r} is defined twice", "conditionId")
-            values = {}
-            for column, value in rec.items():
-                if column in CONDITION_COLUMNS:
-                    continue
-                v = number_or_id(value)
-                if isinstance(v, str) and not _IDENTIFIER.match(v):
-                    raise origin.error(f"{v!r} is neither a number nor a parameter id", str(column))
-                values[str(column)] = v
-            out[cid] = ConditionRow(cid, values, origin)
-    return out
+        rows = np.arange(1, len(df) + 1)
+        ids = np.asarray(df.index.astype(str), dtype=object)
+        bad_id = ~pd.Series(ids, dtype=object).str.match(_IDENTIFIER.pattern).to_numpy(bool)
+        _first_bad(path, rows, [(bad_id, lambda i: f"{ids[i]!r} is not a valid id", "conditionId")])
+        columns = {}
+        for column in df.columns:
+            if column in CONDITION_COLUMNS:
+                continue
+            values = df[column]
+            if values.dtype.kind in "fiu":
+                numbers, names = values.to_numpy(np.float64), np.full(len(df), "", dtype=object)
+            else:
+                codes, parsed = _parse_column(path, rows, values.to_numpy(object), str(column), _condition_cell)
+                numeric = np.array([math.nan if isinstance(v, str) else v for v in parsed], dtype=np.float64)
+                label = np.array([v if isinstance(v, str) else "" for v in parsed], dtype=object)
+                numbers, names = numeric[codes], label[codes]
+            columns[str(column)] = (numbers, names)
+        frames.append((path, ids, rows, columns))
+    all_columns = list(dict.fromkeys(c for _, _, _, cols in frames for c in cols))
+    ids = np.concatenate([f[1] for f in frames])
+    n = ids.size
+    table_columns = {}
+    for column in all_columns:
+        numbers = np.full(n, np.nan)
+        names = np.full(n, "", dtype=object)
+        given = np.zeros(n, dtype=bool)
+        at = 0
+        for _, fids, _, cols in frames:
+            if column in cols:
+                numbers[at : at + fids.size], names[at : at + fids.size] = cols[column]
+                given[at : at + fids.size] = True
+            at += fids.size
+        table_columns[column] = (numbers, names, given)
+    file = np.concatenate([np.full(f[1].size, k, dtype=np.int64) for k, f in enumerate(frames)])
+    row = np.concatenate([f[2] for f in frames])
+    table = ConditionTable(ids, table_columns, tuple(paths), file, row)
+    dup = pd.Index(ids).duplicated()
+    if dup.any():
+        i = int(np.argmax(dup))
+        raise table.origin(i).error(f"{ids[i]!r} is defined twice", "conditionId")
+    return table
 
 
-def _replacement_list(origin: Origin, value, column: str) -> tuple:
+def _replacements(value) -> tuple:
+    """A ``;``-separated list of numbers and parameter ids (PEtab's observable and noise parameters)."""
     if _blank(value):
         return ()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -434,60 +595,142 @@ def _replacement_list(origin: Origin, value, column: str) -> tuple:
     for part in str(value).split(";"):
         v = number_or_id(part)
         if isinstance(v, float) and math.isnan(v):
-            raise origin.error(f"{value!r} holds an empty entry", column)
+            raise _BadCell(f"{value!r} holds an empty entry")
         if isinstance(v, str) and not _IDENTIFIER.match(v):
-            raise origin.error(f"{part.strip()!r} is neither a number nor a parameter id", column)
+            raise _BadCell(f"{part.strip()!r} is neither a number nor a parameter id")
         out.append(v)
     return tuple(out)
 
 
-def _measurements(paths, observables: dict, conditions: dict) -> tuple:
+@dataclasses.dataclass(frozen=True, eq=False)
+class MeasurementTable:
+    """The measurement tables as columns, one entry per row (the concatenated tables' order).
+
+    Attributes:
+        observable, condition, preequilibration: ``(N,)`` ids (``""``: no pre-equilibration).
+        value, time: ``(N,)`` floats.
+        observable_parameters, noise_parameters: ``(N,)`` codes into ``replacements`` (the
+            distinct ``;``-separated lists, each a tuple of floats and parameter ids).
+        paths, file, row: the files, and each row's file (index) and 1-based row.
+    """
+
+    observable: np.ndarray
+    condition: np.ndarray
+    preequilibration: np.ndarray
+    value: np.ndarray
+    time: np.ndarray
+    observable_parameters: np.ndarray
+    noise_parameters: np.ndarray
+    replacements: tuple
+    paths: tuple
+    file: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.value.size)
+
+    def origin(self, i: int) -> Origin:
+        return Origin(self.paths[int(self.file[i])], int(self.row[i]))
+
+    def error(self, i: int, message: str, column: str | None = None) -> PetabError:
+        """A :class:`PetabError` naming row ``i``'s file and row."""
+        return self.origin(i).error(message, column)
+
+    def rows(self) -> tuple:
+        """The rows as :class:`MeasurementRow` objects."""
+        rep = self.replacements
+        return tuple(
+            MeasurementRow(i, o, c, p or None, v, t, rep[op], rep[nz], Origin(self.paths[f], r))
+            for i, (o, c, p, v, t, op, nz, f, r) in enumerate(zip(
+                self.observable.tolist(), self.condition.tolist(), self.preequilibration.tolist(),
+                self.value.tolist(), self.time.tolist(), self.observable_parameters.tolist(),
+                self.noise_parameters.tolist(), self.file.tolist(), self.row.tolist()))
+        )  # fmt: skip
+
+
+def _ids(values) -> np.ndarray:
+    """A column of ids as stripped strings (``""`` where empty)."""
+    codes, uniques = _factorized(values)
+    if not uniques.size:
+        return np.array([], dtype=object)
+    return np.array([_text(u) for u in uniques], dtype=object)[codes]
+
+
+def _measurements(paths, observables: dict, conditions: ConditionTable) -> MeasurementTable:
+    import pandas as pd
     from petab.v1.measurements import get_measurement_df
 
-    out: list[MeasurementRow] = []
+    parts = []
+    replacements: dict[tuple, int] = {}
+    want = {kind: {oid: o.placeholders(kind) for oid, o in observables.items()} for kind in ("observable", "noise")}
     for path in paths:
         df = _read(path, get_measurement_df)
         _unknown_columns(path, df.columns, MEASUREMENT_COLUMNS, "measurement table")
         for column in ("observableId", "simulationConditionId", "measurement", "time"):
             if column not in df.columns:
                 raise PetabError("the measurement table has no such column", path=path, column=column)
-        for row, rec in enumerate(df.to_dict("records"), start=1):
-            origin = Origin(path, row)
-            oid = _text(rec.get("observableId"))
-            if oid not in observables:
-                raise origin.error(f"{oid!r} is not in the observable table", "observableId")
-            condition = _text(rec.get("simulationConditionId"))
-            if condition not in conditions:
-                raise origin.error(f"{condition!r} is not in the condition table", "simulationConditionId")
-            pre = _text(rec.get("preequilibrationConditionId")) or None
-            if pre is not None and pre not in conditions:
-                raise origin.error(f"{pre!r} is not in the condition table", "preequilibrationConditionId")
-            value = _number(origin, rec.get("measurement"), "measurement")
-            if not math.isfinite(value):
-                raise origin.error(f"{value} is not a finite measured value", "measurement")
-            time = _number(origin, rec.get("time"), "time")
-            if math.isnan(time) or time < 0 or time == -math.inf:
-                raise origin.error(f"{time} must be a non-negative time or inf (a steady-state measurement)", "time")
-            obs_pars = _replacement_list(origin, rec.get("observableParameters"), "observableParameters")
-            noise_pars = _replacement_list(origin, rec.get("noiseParameters"), "noiseParameters")
-            obs = observables[oid]
-            for kind, given, column in (("observable", obs_pars, "observableParameters"),
-                                        ("noise", noise_pars, "noiseParameters")):  # fmt: skip
-                want = obs.placeholders(kind)
-                if len(given) != want:
-                    raise origin.error(f"gives {len(given)} value(s); the {kind} formula of {oid!r} has {want} "
-                                       f"placeholder(s) {kind}Parameter{{n}}_{oid}", column)  # fmt: skip
-            out.append(MeasurementRow(len(out), oid, condition, pre, value, time, obs_pars, noise_pars, origin))
-    if not out:
+        n = len(df)
+        rows = np.arange(1, n + 1)
+
+        def column_of(name, df=df, n=n):
+            return df[name].to_numpy(object) if name in df.columns else np.full(n, None, dtype=object)
+
+        oid = _ids(column_of("observableId"))
+        cond = _ids(column_of("simulationConditionId"))
+        pre = _ids(column_of("preequilibrationConditionId"))
+        numbers = {}
+        for name in ("measurement", "time"):
+            values = df[name]
+            if values.dtype.kind in "fiu":
+                numbers[name] = values.to_numpy(np.float64)
+                continue
+            codes, parsed = _parse_column(path, rows, values.to_numpy(object), name, _cell_number)
+            numbers[name] = np.asarray(parsed, dtype=np.float64)[codes]
+        value, time = numbers["measurement"], numbers["time"]
+        lists = {}
+        for name in ("observableParameters", "noiseParameters"):
+            codes, parsed = _parse_column(path, rows, column_of(name), name, _replacements)
+            lists[name] = np.array([replacements.setdefault(t, len(replacements)) for t in parsed],
+                                   dtype=np.int64)[codes]  # fmt: skip
+        length = np.array([len(t) for t in replacements], dtype=np.int64)
+        obs_index = pd.Index(list(observables)).get_indexer(oid)
+        known_obs = obs_index >= 0
+        known_conditions = pd.Index(conditions.ids)
+        checks = [
+            (~known_obs, lambda i: f"{oid[i]!r} is not in the observable table", "observableId"),
+            (known_conditions.get_indexer(cond) < 0,
+             lambda i: f"{cond[i]!r} is not in the condition table", "simulationConditionId"),
+            ((pre != "") & (known_conditions.get_indexer(pre) < 0),
+             lambda i: f"{pre[i]!r} is not in the condition table", "preequilibrationConditionId"),
+            (np.isnan(value), lambda i: "is empty; give a number", "measurement"),
+            (np.isinf(value), lambda i: f"{value[i]} is not a finite measured value", "measurement"),
+            (np.isnan(time), lambda i: "is empty; give a number", "time"),
+            ((time < 0) | np.isneginf(time),
+             lambda i: f"{time[i]} must be a non-negative time or inf (a steady-state measurement)", "time"),
+        ]  # fmt: skip
+        for kind, name in (("observable", "observableParameters"), ("noise", "noiseParameters")):
+            wanted = np.array(list(want[kind].values()) + [0], dtype=np.int64)[obs_index]
+            given = length[lists[name]]
+
+            def message(i, kind=kind, given=given, wanted=wanted):
+                return (f"gives {given[i]} value(s); the {kind} formula of {oid[i]!r} has {wanted[i]} placeholder(s) "
+                        f"{kind}Parameter{{n}}_{oid[i]}")  # fmt: skip
+
+            checks.append((known_obs & (given != wanted), message, name))
+        _first_bad(path, rows, checks)
+        parts.append((oid, cond, pre, value, time, lists["observableParameters"], lists["noiseParameters"], rows))
+    if not sum(p[0].size for p in parts):
         raise PetabError("the measurement tables hold no measurement", path=paths[0])
-    return tuple(out)
+    cat = [np.concatenate([p[k] for p in parts]) for k in range(8)]
+    file = np.concatenate([np.full(p[0].size, k, dtype=np.int64) for k, p in enumerate(parts)])
+    return MeasurementTable(*cat[:7], tuple(replacements), tuple(paths), file, cat[7])
 
 
 def _petab_problem(yaml_path: Path):
     import petab.v1 as petab
 
     try:
-        with _quiet_petab():
+        with _quiet_petab(), _mixed_columns_quiet():
             return petab.Problem.from_yaml(str(yaml_path))
     except Exception as exc:  # noqa: BLE001 (petab's errors vary)
         raise PetabError(f"petab.v1 cannot read the problem: {type(exc).__name__}: {exc}", path=yaml_path) from None

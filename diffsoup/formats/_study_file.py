@@ -198,7 +198,7 @@ class StudyFile:
     def from_petab(cls, problem: Any) -> "StudyFile":
         """A ``PetabProblem`` as what the ``diffsoup`` command runs: its study, rtol = atol = 1e-8,
         the default ``[fit]`` settings, its observable columns and files."""
-        observed = {e.id: list(problem.columns) for e in problem.study.experiments}
+        observed = {eid: list(problem.columns) for eid in problem.study.ids}
         return cls(path=problem.path, name=problem.name, study=problem.study, solver=problem.solver,
                    fit=dict(DEFAULT_FIT), observables=observed, data_files=tuple(p.resolve() for p in problem.files[1:]),
                    description=f"PEtab v1 problem {problem.name}", petab=problem, format="petab/1")  # fmt: skip

@@ -11,7 +11,11 @@ row ``i`` on demand.
 
 Conventions of the arrays: NaN in ``data`` is a missing value; NaN at the end of an experiment's
 ``times`` pads it to the common length (its data there must be NaN); NaN in a ``conditions`` column
-leaves that experiment's model parameter to the parameter table (or the model's default).
+leaves that experiment's model parameter to the parameter table (or the model's default), and a
+study parameter's name there maps that experiment's model parameter to it (PEtab's condition
+tables). Observable parameters, spreads and ``y0`` follow ``Experiment``: numbers or study
+parameters' names per experiment (or per cell), a shared ``y0(p)`` function; resets and
+discontinuities are shared by all experiments.
 """
 
 from __future__ import annotations
@@ -105,6 +109,16 @@ class ExperimentArrays:
         groups: level -> ``(codes (E,), members)``: member ``members[codes[i]]`` for row ``i``
             (members in order of first appearance).
         observables, observables_take_time: the shared observables function, as for ``Experiment``.
+        sigma_names: study-parameter names of spreads, broadcastable to ``(E, m, k)`` (``""`` where
+            the spread is a number or a function; ``sigma`` is NaN there), or None when none is.
+        parameters: model parameter -> study-parameter names, a name or ``(E,)`` (``""``: the
+            experiment's ``conditions`` value, or the default, holds); the names given in
+            ``conditions``.
+        observable_parameters: name -> ``(values, names)``: numbers (a number or ``(E,)``, NaN
+            where a name is) and None or names of the same shape (``""`` where a number is).
+        y0_function: the shared ``y0(p)`` callable, or None (``y0`` holds the numbers).
+        resets: the shared ``ds.Reset`` objects; discontinuities: shared times (a tuple) or a
+            callable ``discontinuities(p)``.
     """
 
     ids: np.ndarray
@@ -122,6 +136,12 @@ class ExperimentArrays:
     groups: dict
     observables: Callable | None
     observables_take_time: bool
+    sigma_names: np.ndarray | None = None
+    parameters: dict = dataclasses.field(default_factory=dict)
+    observable_parameters: dict = dataclasses.field(default_factory=dict)
+    y0_function: Callable | None = None
+    resets: tuple = ()
+    discontinuities: Any = ()
     _id_index: dict | None = None
 
     def __len__(self) -> int:
@@ -154,6 +174,8 @@ class ExperimentArrays:
             data=self.data[rows], sigma=take(self.sigma, 3), conditions={k: take(v) for k, v in self.conditions.items()},
             y0=take(self.y0, 2),
             groups={lv: _codes_of(np.asarray(m, dtype=object)[c[rows]]) for lv, (c, m) in self.groups.items()},
+            sigma_names=take(self.sigma_names, 3), parameters={k: take(v) for k, v in self.parameters.items()},
+            observable_parameters={k: (take(v), take(n)) for k, (v, n) in self.observable_parameters.items()},
             _id_index=None,
         )  # fmt: skip
 
@@ -161,23 +183,39 @@ class ExperimentArrays:
         """Row ``i`` as an ``Experiment`` (the same numbers; padded times dropped)."""
         E = len(self)
         m = int(self.n_times[i]) if self.n_times is not None else self.times.shape[1]
-        sigma = None
+
+        def row(x):  # row i of a per-row array, or the shared value
+            return x if np.ndim(x) == 0 or np.shape(x)[0] != E else x[i]
+
+        cells = None
         if self.sigma is not None:  # an Experiment wants a spread in every cell, measured or not
             sigma = np.broadcast_to(self.sigma, self.data.shape)[i, :m]
-            sigma = np.where(np.isnan(sigma), 1.0, sigma)
+            cells = np.where(np.isnan(sigma), 1.0, sigma)
+            if self.sigma_names is not None:
+                names = np.broadcast_to(self.sigma_names, self.data.shape)[i, :m]
+                cells = np.where(names != "", names.astype(object), cells.astype(object))
         if isinstance(self.noise, AbstractNoise):
-            noise = self.noise if sigma is None else _with_spread(self.noise, sigma)
+            noise = self.noise if cells is None else _with_spread(self.noise, cells)
         else:
-            noise = [c if sigma is None else _with_spread(c, sigma[:, j]) for j, c in enumerate(self.noise_columns)]
-        conditions = {k: float(v if np.ndim(v) == 0 else v[i]) for k, v in self.conditions.items()}
+            noise = [c if cells is None or callable(c.spread) else _with_spread(c, cells[:, j])
+                     for j, c in enumerate(self.noise_columns)]  # fmt: skip
+        conditions = {k: float(row(v)) for k, v in self.conditions.items()}
         conditions = {k: v for k, v in conditions.items() if not math.isnan(v)}
-        y0 = None
-        if self.y0 is not None:
+        mapping = {k: str(row(v)) for k, v in self.parameters.items()}
+        mapping = {k: v for k, v in mapping.items() if v}
+        observable_parameters = {}
+        for name, (values, names) in self.observable_parameters.items():
+            label = "" if names is None else str(row(names))
+            observable_parameters[name] = label if label else float(row(values))
+        y0 = self.y0_function
+        if y0 is None and self.y0 is not None:
             y0 = np.array(self.y0[i] if self.y0.ndim == 2 and self.y0.shape[0] == E else self.y0.reshape(-1))
         t0 = float(self.t0 if np.ndim(self.t0) == 0 else self.t0[i])
         exp = Experiment(
             str(self.ids[i]), self.times[i, :m], self.data[i, :m], observables=self.observables, noise=noise,
-            conditions=conditions, y0=y0, groups={lv: str(ms[c[i]]) for lv, (c, ms) in self.groups.items()}, t0=t0,
+            conditions=conditions, parameters=mapping, observable_parameters=observable_parameters, y0=y0,
+            groups={lv: str(ms[c[i]]) for lv, (c, ms) in self.groups.items()}, t0=t0, resets=self.resets,
+            discontinuities=self.discontinuities,
         )  # fmt: skip
         exp._array_source = (self, i)  # lets Study.replace keep the arrays of views of these rows
         return exp
@@ -237,6 +275,9 @@ def experiment_arrays(
     groups: Mapping[str, Any] | None = None,
     observables: Callable | None = None,
     t0: Any = 0.0,
+    observable_parameters: Mapping[str, Any] | None = None,
+    resets: Sequence[Any] = (),
+    discontinuities: Any = (),
     who: str = "Study.from_arrays",
 ) -> ExperimentArrays:
     """Check and hold the arrays of ``Study.from_arrays`` (see there)."""
@@ -283,20 +324,27 @@ def experiment_arrays(
                                  "model needs positive data.")  # fmt: skip
 
     data = host_array(data, who, "data", check_data)
-    sigma, sigma_name, functions = _checked_spreads(columns, noise, data, ids, who)
+    sigma, sigma_name, sigma_names, functions = _checked_spreads(columns, noise, data, ids, who)
     n = problem.n_states
-    conds = _checked_conditions(conditions, problem, E, ids, who)
-    y0 = _checked_y0(y0, problem, E, ids, who)
+    conds, mapping = _checked_conditions(conditions, problem, E, ids, who)
+    y0_function = y0 if callable(y0) else None
+    y0 = None if callable(y0) else _checked_y0(y0, problem, E, ids, who)
     levels = _checked_groups(groups, E, who)
     if observables is not None and not callable(observables):
         raise TypeError(f"{who}: observables must be a function observables(y, p) -> (k,), or None.")
     if observables is None and k != n:
         raise ValueError(f"{who}: data has {k} observable column(s) and observables=None observes all {n} states; give "
                          f"observables= or data of shape (experiments, times, {n}).")  # fmt: skip
+    from ._experiment import _checked_discontinuities, _checked_resets
+
     return ExperimentArrays(
         ids=ids, times=times, n_times=n_times, t0=t0, data=data, noise=noise, noise_columns=columns, sigma=sigma,
         sigma_name=sigma_name, sigma_functions=functions, conditions=conds, y0=y0, groups=levels,
         observables=observables, observables_take_time=observables is not None and takes_time(observables),
+        sigma_names=sigma_names, parameters=mapping,
+        observable_parameters=_checked_observable_parameters(observable_parameters, problem, E, ids, who),
+        y0_function=y0_function, resets=_checked_resets(resets, who),
+        discontinuities=_checked_discontinuities(discontinuities, who),
     )  # fmt: skip
 
 
@@ -374,50 +422,87 @@ def _checked_times(times: Any, E: int, m: int, t0, ids: np.ndarray, who: str):
     return np.broadcast_to(times, (E, m)), n_times
 
 
+def _numbers_and_names(values: Any, who: str, field: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Numbers and study parameters' names, as a number, a name, or an array of them (an object or
+    string array; ``""`` in a string array is missing): ``(numbers, names)``, ``numbers`` float64
+    (NaN where a name is, or nothing), ``names`` None when there is no name, else a string array of
+    the same shape (``""`` where a number is)."""
+    if isinstance(values, str):
+        return np.array(np.nan), np.array(values)
+    kind = getattr(getattr(values, "dtype", None), "kind", None)
+    if kind is None and isinstance(values, (list, tuple)):
+        values = np.asarray(values, dtype=object)
+        kind = "O"
+    if kind not in ("O", "U", "S"):
+        return host_array(values, who, field), None
+    arr = np.asarray(values)
+    if kind in "US":
+        names = arr.astype(str)
+        return np.full(arr.shape, np.nan), names
+    is_name = np.frompyfunc(lambda c: isinstance(c, str), 1, 1)(arr).astype(bool)
+    numbers = np.full(arr.shape, np.nan)
+    try:
+        numbers[~is_name] = arr[~is_name].astype(np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: {field} must hold numbers or study parameters' names.") from None
+    if not is_name.any():
+        return numbers, None
+    return numbers, np.where(is_name, arr, "").astype(str)
+
+
 def _checked_spreads(columns: tuple, noise: Any, data: np.ndarray, ids: np.ndarray, who: str):
-    """``(sigma broadcastable to (E, m, k) or None, sigma_name or None, functions per column)``."""
+    """``(sigma broadcastable to (E, m, k) or None, sigma_name or None, sigma_names or None,
+    functions per column)``: ``sigma`` NaN where a spread is named or a function."""
     E, m, k = data.shape
     shared = isinstance(noise, AbstractNoise)
     functions = tuple(c.spread if callable(c.spread) else None for c in columns)
-    names = [c.spread for c in columns if isinstance(c.spread, str)]
-    if names:
-        if not shared or not names[0]:
-            raise ValueError(f"{who}: a spread named by a study parameter must be one name for all columns "
-                             "(noise=Gaussian(sigma='name')); per-column or per-cell names need ds.Experiment "
-                             "objects.")  # fmt: skip
-        return None, names[0], functions
-    if any(f is not None for f in functions):
-        if not all(f is not None for f in functions):
-            raise ValueError(f"{who}: mix of callable and numeric spreads across columns; use ds.Experiment objects.")
-        return None, None, functions
+    if shared and isinstance(columns[0].spread, str):
+        if not columns[0].spread:
+            raise ValueError(f"{who}: noise.{columns[0].spread_field} is an empty study-parameter name.")
+        return None, columns[0].spread, None, functions
+    if shared and functions[0] is not None:
+        return None, None, None, functions
     if shared:
-        spread = columns[0].spread
         label = f"noise.{columns[0].spread_field}"
-        sigma = host_array(spread, who, label)
+        sigma, names = _numbers_and_names(columns[0].spread, who, label)
         try:
             np.broadcast_shapes(sigma.shape, (E, m, k))
         except ValueError:
             raise ValueError(f"{who}: {label} has shape {sigma.shape}, which does not broadcast to the data shape "
                              f"{(E, m, k)}.") from None  # fmt: skip
-        sigma = sigma.reshape((1,) * (3 - sigma.ndim) + sigma.shape)
+        lead = (1,) * (3 - sigma.ndim)
+        sigma = sigma.reshape(lead + sigma.shape)
+        names = None if names is None else names.reshape(lead + names.shape)
     else:
-        cols = []
+        cols, name_cols = [], []
         for j, c in enumerate(columns):
-            s = host_array(c.spread, who, f"noise[{j}].{c.spread_field}")
-            try:
-                cols.append(np.broadcast_to(s.reshape((1,) * (2 - s.ndim) + s.shape), (E, m)))
-            except ValueError:
-                raise ValueError(f"{who}: noise[{j}].{c.spread_field} has shape {s.shape}; a column's spread "
-                                 f"broadcasts to ({E}, {m}).") from None  # fmt: skip
-        sigma = np.stack(cols, axis=-1)
+            if functions[j] is not None:
+                s, nm = np.full((1, 1), np.nan), None
+            else:
+                s, nm = _numbers_and_names(c.spread, who, f"noise[{j}].{c.spread_field}")
+                try:
+                    np.broadcast_shapes((1,) * (2 - s.ndim) + s.shape, (E, m))
+                except ValueError:
+                    raise ValueError(f"{who}: noise[{j}].{c.spread_field} has shape {s.shape}; a column's spread "
+                                     f"broadcasts to ({E}, {m}).") from None  # fmt: skip
+            cols.append(s.reshape((1,) * (2 - s.ndim) + s.shape))
+            name_cols.append(None if nm is None else nm.reshape((1,) * (2 - nm.ndim) + nm.shape))
+        shape = np.broadcast_shapes(*(c.shape for c in cols), *(n.shape for n in name_cols if n is not None))
+        sigma = np.stack([np.broadcast_to(c, shape) for c in cols], axis=-1)
+        names = None
+        if any(n is not None for n in name_cols):
+            names = np.stack([np.broadcast_to(n if n is not None else np.array(""), shape) for n in name_cols], axis=-1)
     full = np.broadcast_to(sigma, (E, m, k))
     measured = np.isfinite(data)
-    bad = measured & ~(full > 0) | measured & ~np.isfinite(full)
+    known = np.array([f is None for f in functions])[None, None, :]
+    if names is not None:
+        known = known & (np.broadcast_to(names, (E, m, k)) == "")
+    bad = measured & known & ~((full > 0) & np.isfinite(full))
     if bad.any():
         i, t, j = (int(v) for v in np.argwhere(bad)[0])
         raise ValueError(f"{_label(who, ids, i)}: the spread of data[{t}, {j}] is {full[i, t, j]}; give a positive, "
                          "finite standard deviation for every measured value.")  # fmt: skip
-    return sigma, None, functions
+    return sigma, None, names, functions
 
 
 def _column(values: Any, E: int, who: str, field: str) -> np.ndarray:
@@ -429,9 +514,20 @@ def _column(values: Any, E: int, who: str, field: str) -> np.ndarray:
     return arr
 
 
-def _checked_conditions(conditions, problem, E: int, ids: np.ndarray, who: str) -> dict:
+def _per_experiment(values: Any, E: int, who: str, field: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`_numbers_and_names` of a number, a name or ``(E,)`` of them."""
+    numbers, names = _numbers_and_names(values, who, field)
+    if numbers.ndim and numbers.shape != (E,):
+        raise ValueError(f"{who}: {field} has shape {numbers.shape}; give a number, a study parameter's name or one "
+                         f"per experiment, ({E},).")  # fmt: skip
+    return numbers, names
+
+
+def _checked_conditions(conditions, problem, E: int, ids: np.ndarray, who: str) -> tuple[dict, dict]:
+    """``(conditions, parameters)``: model parameter -> numbers (NaN: not fixed), and -> the study
+    parameters' names given instead of numbers."""
     if conditions is None:
-        return {}
+        return {}, {}
     if not isinstance(conditions, Mapping):
         raise TypeError(f"{who}: conditions must be a mapping model parameter name -> values (one per experiment).")
     model = problem.parameter_names
@@ -439,15 +535,41 @@ def _checked_conditions(conditions, problem, E: int, ids: np.ndarray, who: str) 
     if unknown:
         raise ValueError(f"{who}: conditions names unknown model parameter(s) {unknown}; the model's parameters are "
                          f"{list(model)}.")  # fmt: skip
-    out = {}
+    out, mapping = {}, {}
     for name, values in conditions.items():
-        col = _column(values, E, who, f"conditions[{name!r}]")
+        col, names = _per_experiment(values, E, who, f"conditions[{name!r}]")
         inf = np.isinf(col)
         if inf.any():
             i = int(np.argmax(np.reshape(inf, -1))) if col.ndim else 0
             raise ValueError(f"{_label(who, ids, i)}: conditions[{name!r}] = {float(np.reshape(col, -1)[i])} must be "
                              "finite (NaN leaves it to the parameter table).")  # fmt: skip
         out[name] = col
+        if names is not None:
+            mapping[name] = names
+    return out, mapping
+
+
+def _checked_observable_parameters(values, problem, E: int, ids: np.ndarray, who: str) -> dict:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{who}: observable_parameters must be a mapping name -> numbers or study parameters' names.")
+    clash = sorted(k for k in values if k in problem.parameter_names)
+    if clash:
+        raise ValueError(f"{who}: observable_parameters names {clash}, which are model parameters; give observable "
+                         "parameters names of their own (the model's are set by conditions).")  # fmt: skip
+    out = {}
+    for name, v in values.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{who}: observable_parameters keys must be names (strings), got {name!r}.")
+        field = f"observable_parameters[{name!r}]"
+        numbers, names = _per_experiment(v, E, who, field)
+        bad = ~np.isfinite(numbers) if names is None else ~np.isfinite(numbers) & (names == "")
+        if bad.any():
+            i = int(np.argmax(np.reshape(bad, -1))) if numbers.ndim else 0
+            raise ValueError(f"{_label(who, ids, i)}: {field} is {float(np.reshape(numbers, -1)[i])}; give a finite "
+                             "number or a study parameter's name.")  # fmt: skip
+        out[name] = (numbers, names)
     return out
 
 
@@ -507,11 +629,15 @@ def _checked_groups(groups, E: int, who: str) -> dict:
 class ArrayPlan:
     """Where a study of arrays takes its numbers: per model parameter ``(entry, fixed)``, each a
     number or an ``(E,)`` array (entry -1: ``fixed``); ``sigma_entry`` (a number, an ``(E,)``
-    array, or -1); ``k`` observables."""
+    array, or -1); ``k`` observables; per observable parameter (sorted by name) ``(entry,
+    fixed)``; ``sigma_cells``: the entries of named spreads broadcastable to ``(E, m, k)`` (-1:
+    not named), or None."""
 
     columns: tuple
     sigma_entry: Any
     k: int
+    observable_columns: tuple = ()
+    sigma_cells: Any = None
 
 
 def entry_rows(study: Any, name: str) -> Any:
@@ -525,6 +651,42 @@ def entry_rows(study: Any, name: str) -> Any:
     if p.level == "experiment":
         return start + np.arange(len(arrays), dtype=np.int64)
     return start + arrays.groups[p.level][0].astype(np.int64)
+
+
+def name_entries(study: Any, names: np.ndarray, field: str) -> np.ndarray:
+    """The entries of study parameters' names, an array whose first axis is the experiments' (or
+    1, or a 0-d array): -1 where the name is ``""``; a parameter owned by a level takes each row's.
+
+    Raises:
+        ValueError: naming the experiment and ``field``, for a name that is not a study parameter.
+    """
+    arrays = study.arrays
+    E = len(arrays)
+    names = np.asarray(names)
+    uniq, inverse = np.unique(names, return_inverse=True)
+    inverse = inverse.reshape(names.shape)
+    lookup = np.full(uniq.size, -1, dtype=np.int64)
+    owned = []
+    for code, name in enumerate(uniq.tolist()):
+        if not name:
+            continue
+        if name not in study.table:
+            hit = np.argwhere(np.atleast_1d(inverse == code))[0]
+            i = int(hit[0]) if names.ndim and names.shape[0] == E else 0
+            raise ValueError(f"{_label('Study', arrays.ids, i)}: {field} names {name!r}, which is not a study "
+                             "parameter; add it to the parameter table.")  # fmt: skip
+        if study.table[name].level is None:
+            lookup[code] = study.entry_index[name]
+        else:
+            owned.append(code)
+    out = lookup[inverse]
+    if owned:  # per-row entries: the names' rows become the experiments'
+        shape = (E,) + names.shape[1:] if names.ndim else (E,)
+        out, inverse = np.array(np.broadcast_to(out, shape)), np.broadcast_to(inverse, shape)
+        for code in owned:
+            rows = np.asarray(entry_rows(study, str(uniq[code]))).reshape((E,) + (1,) * (len(shape) - 1))
+            out = np.where(inverse == code, np.broadcast_to(rows, shape), out)
+    return out
 
 
 def resolve_arrays(study: Any) -> ArrayPlan:
@@ -541,21 +703,41 @@ def resolve_arrays(study: Any) -> ArrayPlan:
             entry, fixed = -1, float(defaults[j])
         else:
             entry, fixed = None, None
-        if cond is not None:
-            nan = np.isnan(cond)
-            if entry is None and nan.any():
-                i = int(np.argmax(np.reshape(nan, -1)))
+        if cond is None:
+            if entry is None:
+                raise ValueError(f"{who}: model parameter {name!r} has no value: give it in conditions, or add a study "
+                                 "parameter of that name.")  # fmt: skip
+            columns.append((entry, fixed))
+            continue
+        given = ~np.isnan(cond)
+        named = np.zeros((), bool)
+        if name in arrays.parameters:
+            mapped = name_entries(study, arrays.parameters[name], f"conditions[{name!r}]")
+            named = mapped >= 0
+        if entry is None:
+            missing = ~(given | named)
+            if missing.any():
+                i = int(np.argmax(np.reshape(missing, -1))) if np.ndim(missing) else 0
                 raise ValueError(f"{_label(who, arrays.ids, i)}: model parameter {name!r} has no value: its conditions "
                                  "value is NaN; give it, or add a study parameter of that name.")  # fmt: skip
-            if not nan.any():
-                entry, fixed = -1, cond
-            else:
-                entry = np.where(nan, entry, -1)
-                fixed = np.where(nan, fixed, cond)
-        elif entry is None:
-            raise ValueError(f"{who}: model parameter {name!r} has no value: give it in conditions, or add a study "
-                             "parameter of that name.")  # fmt: skip
+            entry, fixed = -1, 0.0
+        if not np.any(named) and np.all(given):
+            entry, fixed = -1, cond
+        else:
+            entry = np.where(given, -1, entry)
+            fixed = np.where(given, cond, fixed)
+            if np.any(named):
+                entry = np.where(named, mapped, entry)
+                fixed = np.where(named, 0.0, fixed)
         columns.append((entry, fixed))
+    observable_columns = []
+    for name in sorted(arrays.observable_parameters):
+        values, names = arrays.observable_parameters[name]
+        if names is None:
+            observable_columns.append((-1, values))
+            continue
+        mapped = name_entries(study, names, f"observable_parameters[{name!r}]")
+        observable_columns.append((mapped, np.where(mapped >= 0, 0.0, values)))
     sigma_entry = -1
     if arrays.sigma_name is not None:
         name = arrays.sigma_name
@@ -566,7 +748,14 @@ def resolve_arrays(study: Any) -> ArrayPlan:
             raise ValueError(f"{who}: noise.sigma is study parameter {name!r}, whose lower bound "
                              f"{study.table[name].lower} must be positive.")  # fmt: skip
         sigma_entry = entry_rows(study, name)
-    return ArrayPlan(tuple(columns), sigma_entry, arrays.shape[2])
+    sigma_cells = None
+    if arrays.sigma_names is not None:
+        sigma_cells = name_entries(study, arrays.sigma_names, "noise (a spread)")
+        for name in np.unique(arrays.sigma_names).tolist():
+            if name and study.table[name].lower <= 0:
+                raise ValueError(f"{who}: a spread is study parameter {name!r}, whose lower bound "
+                                 f"{study.table[name].lower} must be positive.")  # fmt: skip
+    return ArrayPlan(tuple(columns), sigma_entry, arrays.shape[2], tuple(observable_columns), sigma_cells)
 
 
 def check_levels(arrays: ExperimentArrays, levels: tuple) -> None:
@@ -622,9 +811,15 @@ def term_constants(data: np.ndarray, sigma: np.ndarray | None, columns: tuple) -
 
 def dynamic_cells(arrays: ExperimentArrays) -> np.ndarray:
     """Measured values per experiment whose spread comes from a parameter or a function ``(E,)``."""
-    if arrays.sigma_name is None and not any(f is not None for f in arrays.sigma_functions):
+    measured = np.isfinite(arrays.data)
+    if arrays.sigma_name is not None:
+        return np.sum(measured, axis=(1, 2))
+    dynamic = np.array([f is not None for f in arrays.sigma_functions])[None, None, :]
+    if arrays.sigma_names is not None:
+        dynamic = dynamic | (arrays.sigma_names != "")
+    if not dynamic.any():
         return np.zeros(len(arrays), dtype=np.int64)
-    return np.sum(np.isfinite(arrays.data), axis=(1, 2))
+    return np.sum(measured & dynamic, axis=(1, 2))
 
 
 # -- packing ----------------------------------------------------------------------------------------
@@ -659,12 +854,28 @@ def pack_arrays(study: Any, plan: ArrayPlan, const: np.ndarray, members: Any, or
         arr["sigma"] = np.where(np.isfinite(s), s, 1.0)
     if np.ndim(plan.sigma_entry) or plan.sigma_entry >= 0:
         arr["sigma_entry"][:] = _rows(plan.sigma_entry, idx, E)
-    y0 = arrays.y0 if arrays.y0 is not None else np.asarray(prob.spec.y0, dtype=np.float64)
-    arr["y0"][:] = _rows(y0, idx, E) if y0.ndim == 2 else y0
-    P = len(plan.columns)
-    p_entry, p_fixed = np.full((L, P), -1, dtype=np.int32), np.zeros((L, P))
-    for j, (entry, fixed) in enumerate(plan.columns):
-        p_entry[:, j] = _rows(entry, idx, E)
-        p_fixed[:, j] = _rows(fixed, idx, E)
-    arr["p_entry"], arr["p_fixed"] = p_entry, p_fixed
+    if plan.sigma_cells is not None:
+        arr["sigma_entries"] = np.broadcast_to(_rows(plan.sigma_cells, idx, E), (L, m, k)).astype(np.int32)
+    if arrays.y0_function is None:  # (a y0 function computes it from the parameters)
+        y0 = arrays.y0 if arrays.y0 is not None else np.asarray(prob.spec.y0, dtype=np.float64)
+        arr["y0"][:] = _rows(y0, idx, E) if y0.ndim == 2 else y0
+    arr["p_entry"], arr["p_fixed"] = _plan_lanes(plan.columns, idx, E)
+    if plan.observable_columns:
+        arr["op_entry"], arr["op_fixed"] = _plan_lanes(plan.observable_columns, idx, E)
+    times = [float(x.time) for x in arrays.resets if not callable(x.time)]
+    if arrays.resets:
+        arr["reset_times"] = np.zeros((L, len(arrays.resets)))
+        arr["reset_times"][:, [i for i, x in enumerate(arrays.resets) if not callable(x.time)]] = times
+    if not callable(arrays.discontinuities) and arrays.discontinuities:
+        arr["discs"] = np.array(np.broadcast_to(np.asarray(arrays.discontinuities), (L, len(arrays.discontinuities))))
     return arr
+
+
+def _plan_lanes(columns: tuple, idx: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(entry (L, P) int32, fixed (L, P))`` of the lanes ``idx`` from ``(entry, fixed)`` columns."""
+    L, P = idx.size, len(columns)
+    entries, fixed = np.full((L, P), -1, dtype=np.int32), np.zeros((L, P))
+    for j, (entry, value) in enumerate(columns):
+        entries[:, j] = _rows(entry, idx, E)
+        fixed[:, j] = _rows(value, idx, E)
+    return entries, fixed

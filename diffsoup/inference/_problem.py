@@ -174,7 +174,10 @@ class InferenceProblem:
         self._check_objective()
         arrays = study.arrays
         if arrays is not None:
-            sigma_entries = {int(i) for i in np.unique(study.array_plan.sigma_entry) if i >= 0}
+            plan = study.array_plan
+            sigma_entries = {int(i) for i in np.unique(plan.sigma_entry) if i >= 0}
+            if plan.sigma_cells is not None:
+                sigma_entries |= {int(i) for i in np.unique(plan.sigma_cells) if i >= 0}
             functions = any(f is not None for f in arrays.sigma_functions)
         else:
             sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
@@ -355,10 +358,17 @@ class InferenceProblem:
         E, m, k = arrays.shape
         functions = arrays.sigma_functions if any(f is not None for f in arrays.sigma_functions) else ()
         steady = _steady_state(None) if np.isposinf(arrays.times[:, -1]).any() else None
+        if arrays.sigma_name is not None:
+            sigma = SIGMA_ENTRY
+        else:
+            sigma = SIGMA_CELLS if arrays.sigma_names is not None else SIGMA_FIXED
+        discs = arrays.discontinuities
         return Group(
-            arrays.observables, tuple(c.kind for c in arrays.noise_columns),
-            SIGMA_ENTRY if arrays.sigma_name is not None else SIGMA_FIXED, k, m, range(E),
+            arrays.observables, tuple(c.kind for c in arrays.noise_columns), sigma, k, m, range(E),
             observables_take_time=arrays.observables_take_time, sigma_functions=functions, steady_state=steady,
+            observable_parameters=tuple(sorted(arrays.observable_parameters)), y0_function=arrays.y0_function,
+            resets=tuple((x.time if callable(x.time) else None, x.apply) for x in arrays.resets),
+            discontinuities=discs if callable(discs) else len(discs),
         )  # fmt: skip
 
     def _constant(self, e) -> float:

@@ -238,6 +238,9 @@ class Study:
         levels: Sequence[str] | None = None,
         observables: Any = None,
         t0: Any = 0.0,
+        observable_parameters: Mapping[str, Any] | None = None,
+        resets: Sequence[Any] = (),
+        discontinuities: Any = (),
     ) -> "Study":
         """A study of many experiments of one shape given as arrays with a leading experiment axis.
 
@@ -254,17 +257,24 @@ class Study:
             data: measured values ``(E, m, k)`` (``(E, m)`` reads as ``k = 1``), NaN where missing.
             parameters: the parameter table (``ds.inference.Parameter`` rows).
             ids: ``(E,)`` unique experiment ids (default ``"0"``, ``"1"``, ...).
-            y0: None (the model's), ``(n,)``, ``(E, n)``, or a mapping state name -> a number or
-                ``(E,)`` values overriding the model's ``y0``.
+            y0: None (the model's), ``(n,)``, ``(E, n)``, a mapping state name -> a number or
+                ``(E,)`` values overriding the model's ``y0``, or a callable ``y0(p) -> (n,)`` of
+                the model parameters by name, shared by all experiments.
             conditions: model parameter name -> a number or ``(E,)`` fixed values; NaN leaves that
-                experiment's value to the parameter table (or the model's default).
+                experiment's value to the parameter table (or the model's default); a study
+                parameter's name (a string, or in an object array of numbers and names) maps that
+                experiment's model parameter to it.
             noise: one noise model for all columns (default ``Gaussian()``) or one per column; its
-                spread a number, an array broadcastable to ``(E, m, k)`` (per column: ``(E, m)``),
-                one study parameter's name, or a callable (as for ``Experiment``).
+                spread a number, an array broadcastable to ``(E, m, k)`` (per column: ``(E, m)``)
+                of numbers or numbers and study parameters' names, one study parameter's name, or
+                a callable (as for ``Experiment``).
             groups: level name -> ``(E,)`` member names.
             levels: the study's levels, outermost first (default: the keys of ``groups``).
             observables: the observables function shared by all experiments (None: every state).
             t0: initial time, a number or ``(E,)``.
+            observable_parameters: name -> a number, a study parameter's name, or ``(E,)`` of them
+                (as ``Experiment.observable_parameters``, per experiment).
+            resets, discontinuities: as for ``Experiment``, shared by all experiments.
 
         Raises:
             ValueError: naming the experiment (id and row) and the field, with the fix: Inf or no
@@ -276,7 +286,8 @@ class Study:
         problem = problem_of(problem)
         arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conditions,
                                    noise=Gaussian() if noise is None else noise, groups=groups,
-                                   observables=observables, t0=t0)  # fmt: skip
+                                   observables=observables, t0=t0, observable_parameters=observable_parameters,
+                                   resets=resets, discontinuities=discontinuities)  # fmt: skip
         return cls(problem, arrays, parameters, levels=tuple(groups or ()) if levels is None else levels)
 
     @classmethod
@@ -347,7 +358,9 @@ class Study:
                 f"Study: data has {self.arrays.shape[2]} observable column(s); the observables give {k} value(s) per "
                 f"time, so data must be (experiments, times, {k})."
             )  # fmt: skip
-        self._check_functions(view, {"k": k, "y0_function": None, "pre": None, "observable_plan": ()})
+        plan = tuple((name, None) for name in sorted(self.arrays.observable_parameters))
+        self._check_functions(view, {"k": k, "y0_function": self.arrays.y0_function, "pre": None,
+                                     "observable_plan": plan})  # fmt: skip
 
     # -- construction helpers -------------------------------------------------------------------
     def _check_levels(self):

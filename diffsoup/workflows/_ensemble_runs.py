@@ -59,7 +59,8 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         log("[diffsoup] waiting for the first Dask worker ...")
         client.wait_for_workers(1)
     names = {tuple(v) for v in sf.observables.values()}
-    k = max(e.n_observables for e in sf.study.experiments)
+    arrays = sf.study.arrays
+    k = arrays.shape[2] if arrays is not None else max(e.n_observables for e in sf.study.experiments)
     output_names = next(iter(names)) if len(names) == 1 and len(next(iter(names))) == k else None
     ens = ensemble(sf.study, params=draws, solver=sf.solver, chunk_size=chunk_size, output_names=output_names,
                    client=client)  # fmt: skip
