@@ -17,8 +17,11 @@ the same process as its peers:
 * ``brusselator``: 1,000 experiments, N = 8 and 16, ``CuDSS`` and ``Dense``, the three modes.
 * ``dask``: 10,000 experiments through ``ds.distributed.run`` on one Dask GPU worker (embedded
   LocalCluster) against the same study in-process.
-* ``early``: 10,000 experiments of which a tenth take ten times the steps (rate constants scaled
-  by 10), against the same study with every experiment fast: what lock-step lanes cost.
+* ``early``: 10,000 experiments of the oscillating Brusselator N = 4 (32 states, Dense) of which
+  every tenth is measured until t = 70 instead of 2 (ten times the steps; the network's steps barely
+  grow with its rates, it settles), in study order and after ``lowered.balance()``, against the
+  same study with every experiment short: what lock-step lanes cost and what regrouping by steps
+  gives back.
 
 Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (parts as
 above; ``--quick`` shrinks every size for a CPU smoke run). Writes
@@ -262,15 +265,35 @@ def part_dask(n, rows, save):
     save()
 
 
-def part_early(n, rows, save):
+def early_study(n: int, slow_every: int):
+    """``n`` Brusselators (N = 4) measured at t = 1, 2; every ``slow_every``-th (0: none) at t = 35,
+    70: ten times the steps, on the limit cycle."""
+    problem = ds.examples.brusselator_2d(4).build(linear_solver=ds.linear.Dense())
+    u0 = np.asarray(problem.spec.y0)
+    rng = np.random.default_rng(2)
+    exps = [ds.Experiment(f"b{i}", np.array([35.0, 70.0]) if slow_every and i % slow_every == 0 else np.array([1.0, 2.0]),
+                          np.ones((2, u0.size)), noise=Gaussian(0.1), y0=u0 * rng.uniform(0.9, 1.1))
+            for i in range(n)]  # fmt: skip
+    return ds.Study(problem, exps, [Parameter("A", 3.4, 1.0, 10.0), Parameter("alpha", 10.0, 1.0, 100.0)])
+
+
+def part_early(n, rows, save, chunk_size=None):
+    """Lock-step lanes: in study order every chunk holds slow lanes and runs as long as its slowest;
+    after ``lowered.balance()`` (experiments sorted by the steps of one evaluation, no
+    recompilation) the slow ones share chunks of their own."""
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
-    for label, frac in (("all fast", 0.0), ("a tenth ten times slower", 0.1)):
-        study = network_study(n, slow_fraction=frac)
-        lowered = ds.lower(study, solver=solver)
+    cases = (("all short", 0, False), ("a tenth 10x longer, study order", 10, False),
+             ("a tenth 10x longer, balance()", 10, True))  # fmt: skip
+    for label, slow_every, balanced in cases:
+        lowered = ds.lower(early_study(n, slow_every), solver=solver, chunk_size=chunk_size)
+        if balanced:
+            lowered.balance()
         first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
+        steps = lowered.steps[list(lowered.experiment_indices)]
         rows.append(dict(study=label, experiments=n, per_call_s=per_call, first_s=first,
-                         chunks=lowered.chunk_sizes["value_and_grad"]))  # fmt: skip
-        _log(f"early: {label}: {per_call:.3f} s")
+                         chunks=lowered.chunk_sizes["value_and_grad"], steps_min=int(steps.min()),
+                         steps_max=int(steps.max()), steps_total=int(steps.sum())))  # fmt: skip
+        _log(f"early: {label}: {per_call:.3f} s (chunks {rows[-1]['chunks']}, steps {steps.min()}-{steps.max()})")
         save()
 
 
@@ -282,6 +305,8 @@ def main():
     parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
     parser.add_argument("--grids", nargs="+", type=int, help="Brusselator grids (default 8 16)")
     parser.add_argument("--diffrax-sizes", nargs="+", type=int, help="diffrax rows of the sweep (default 1000 10000)")
+    parser.add_argument("--early-size", type=int, help="experiments of the early part (default 10000; --quick 40)")
+    parser.add_argument("--chunk-size", type=int, help="chunk size of the early part (default: ds.lower's choice)")
     args = parser.parse_args()
     q = args.quick
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
@@ -293,7 +318,7 @@ def main():
                                        args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
         "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
         "dask": lambda *a: part_dask(20 if q else 10000, *a),
-        "early": lambda *a: part_early(40 if q else 10000, *a),
+        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a, chunk_size=args.chunk_size),
     }
     for part in args.part:
         # Rows are written as they come: a device call cut short keeps what it measured.
@@ -319,7 +344,8 @@ def _print_tables(payload):
         print(f"dask {r['experiments']}: in-process {fmt(r['in_process_s'])} s, one worker {fmt(r['dask_worker_s'])} s "
               f"(x{r['ratio']:.2f})")  # fmt: skip
     for r in payload.get("early", []):
-        print(f"early {r['study']:<26} per call {fmt(r['per_call_s'])} s chunks {r['chunks']}")
+        print(f"early {r['study']:<34} per call {fmt(r['per_call_s'])} s chunks {r['chunks']} "
+              f"steps {r['steps_min']}-{r['steps_max']}")
 
 
 if __name__ == "__main__":
