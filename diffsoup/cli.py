@@ -127,13 +127,7 @@ def _check(args) -> int:
         print(f"{sf.path}: study {sf.name!r} (format {sf.format})")
     print(f"  model: {study.problem.spec.name} with {study.problem.n_states} states "
           f"({', '.join(study.problem.state_names[:8])}{', ...' if study.problem.n_states > 8 else ''})")  # fmt: skip
-    if study.arrays is not None:
-        import numpy as np
-
-        measured = int(np.isfinite(study.arrays.data).sum())
-    else:
-        measured = sum(e.n_measured for e in study.experiments)
-    print(f"  experiments: {len(study.experiments)}, measured values: {measured}")
+    print(f"  experiments: {len(study.experiments)}, measured values: {study.n_measured}")
     est = [p for p in study.parameters if p.estimate]
     expanded = ("" if len(study.entries) == len(study.parameters)
                 else f"; {len(study.entries)} values once expanded over the members of their levels")  # fmt: skip

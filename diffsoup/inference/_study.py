@@ -341,6 +341,13 @@ class Study:
             return tuple(self.arrays.ids.tolist())
         return tuple(e.id for e in self.experiments)
 
+    @property
+    def n_measured(self) -> int:
+        """The measured (finite) values of all experiments."""
+        if self.arrays is not None:
+            return int(np.isfinite(self.arrays.data).sum())
+        return sum(e.n_measured for e in self.experiments)
+
     def index_of(self, experiment_id: str) -> int | None:
         """The study index of an experiment id (None if unknown)."""
         if self.arrays is not None:
