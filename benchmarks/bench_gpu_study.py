@@ -154,7 +154,7 @@ def _work_per_value(study, sample: int = 256) -> dict:
 # ---- parts ------------------------------------------------------------------------------------------
 
 
-def part_network(sizes, out, save):
+def part_network(sizes, modes, out, save):
     peak = next((v for k, v in FP64_PEAK.items() if k in str(jax.devices()[0].device_kind)), None)
     for n in sizes:
         _log(f"network: {n} experiments (building)")
@@ -162,14 +162,15 @@ def part_network(sizes, out, save):
         study = network_study(n)
         build_s = time.perf_counter() - t
         lowered = ds.lower(study, solver=SolverOptions(rtol=RTOL, atol=ATOL))
-        rows = _modes(lowered)
-        work = _work_per_value(study)
-        value_s = rows[0]["per_call_s"]
-        flops = work["flops_per_experiment"] * n
+        rows = _modes(lowered, modes)
         for r in rows:
             r.update(experiments=n, build_s=build_s)
-        rows[0].update(work, flops_per_value=flops, flop_rate=flops / value_s,
-                       fraction_of_fp64_peak=None if peak is None else flops / value_s / peak[0])  # fmt: skip
+        if rows[0]["mode"] == "value":
+            work = _work_per_value(study)
+            value_s = rows[0]["per_call_s"]
+            flops = work["flops_per_experiment"] * n
+            rows[0].update(work, flops_per_value=flops, flop_rate=flops / value_s,
+                           fraction_of_fp64_peak=None if peak is None else flops / value_s / peak[0])  # fmt: skip
         out += rows
         save()
 
@@ -303,6 +304,8 @@ def main():
                         choices=["network", "sweep", "brusselator", "dask", "early"])  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, help="modes of the network part (default: all three)")
+    parser.add_argument("--out", help="JSON output path (default benchmarks/results/bench_gpu_study_<parts>.json)")
     parser.add_argument("--grids", nargs="+", type=int, help="Brusselator grids (default 8 16)")
     parser.add_argument("--diffrax-sizes", nargs="+", type=int, help="diffrax rows of the sweep (default 1000 10000)")
     parser.add_argument("--early-size", type=int, help="experiments of the early part (default 10000; --quick 40)")
@@ -310,9 +313,10 @@ def main():
     args = parser.parse_args()
     q = args.quick
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
-    out = RESULTS / f"bench_gpu_study_{'_'.join(args.part)}{'_quick' if q else ''}.json"
+    out = Path(args.out) if args.out else RESULTS / f"bench_gpu_study_{'_'.join(args.part)}{'_quick' if q else ''}.json"
     runs = {
-        "network": lambda *a: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]), *a),
+        "network": lambda *a: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]),
+                                           tuple(args.modes or MODES), *a),
         "sweep": lambda *a: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
                                        [20] if q else [1000, 10000],
                                        args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip

@@ -382,6 +382,22 @@ def test_infinite_data_is_reported_as_inf_not_as_missing():
         ds.Experiment("e7", times, np.full((2, 2), np.nan))
 
 
+def test_restriction_chooses_its_chunk_by_the_same_rule(monkeypatch):
+    """A restriction (what a Dask worker's shard is) of a study lowered without ``chunk_size`` picks
+    its chunk as the study would (on a GPU from one probe), not from the CPU search's start as if a
+    chunk size were given; a given chunk size carries over."""
+    study = tiny_study(n=100)
+    reference = ds.lower(study, chunk_size=60).restrict(range(60)).value(THETA)
+    part = ds.lower(study).restrict(range(60))
+    monkeypatch.setattr(part, "platform", "gpu")
+    np.testing.assert_allclose(part.value(THETA), reference, rtol=1e-12)
+    assert part.search_log[0][5] == "probe" and part.chunk_sizes["value"] == [60]
+    given = ds.lower(study, chunk_size=16).restrict(range(60))
+    monkeypatch.setattr(given, "platform", "gpu")
+    given.value(THETA)
+    assert given.chunk_sizes["value"] == [15] and "probe" not in [row[5] for row in given.search_log]
+
+
 def test_gpu_chunk_choice_extrapolates_from_one_probe(monkeypatch):
     """On a GPU (here: the CPU posing as one, the rule is platform logic only) the default chunk is
     the largest that fits the block limit, from one 32-lane probe and one final compile; the

@@ -399,7 +399,10 @@ class LoweredStudy(AbstractLoweredStudy):
         if outside:
             ids = [self.problem.study.ids[i] for i in outside]
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
-        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
+        # A chunk size the caller did not give stays unset: the restriction chooses its own (on a
+        # GPU from device memory) instead of taking the CPU search's start as if it were given.
+        chunk_size = self.chunk_size if self._chunk_given else None
+        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=chunk_size,
                             block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
                             gradient=self.gradient_mode, experiments=chosen, share_programs_with=self)  # fmt: skip
 
