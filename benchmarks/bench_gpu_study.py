@@ -24,8 +24,9 @@ the same process as its peers:
   gives back.
 
 Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (parts as
-above; ``--quick`` shrinks every size for a CPU smoke run). Writes
-``benchmarks/results/bench_gpu_study_<parts>.json`` and prints a table per part.
+above; ``--quick`` shrinks every size for a CPU smoke run; ``--sizes 1000000 --modes
+value_and_grad`` for one mode of the network part). Writes
+``benchmarks/results/bench_gpu_study_<parts>.json`` (or ``--out``) and prints a table per part.
 """
 
 from __future__ import annotations

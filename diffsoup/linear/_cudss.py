@@ -29,7 +29,9 @@ How the solver maps onto cuDSS (``_cudss/diffsoup_cudss.cu`` holds the C++ side)
   ``DIFFSOUP_CUDSS_CHECK_INFO=0`` skips it (failures then show only as non-finite solutions).
 * Reproducibility: cuDSS runs in its deterministic mode (``CUDSS_CONFIG_DETERMINISTIC_MODE``),
   because the checkpointed adjoint replays forward steps and requires them to retrace the forward
-  pass bit for bit (otherwise it reports NaN gradients); ``DIFFSOUP_CUDSS_DETERMINISTIC=0`` turns it
+  pass (otherwise it reports NaN gradients). Uniform batches still differ in the last bits from
+  call to call on an H200, which the replay check allows
+  (``diffsoup.integrate._checkpoint.replay_landed``); ``DIFFSOUP_CUDSS_DETERMINISTIC=0`` turns it
   off where only forward solves are needed. Where cuDSS refuses it for a configuration, that
   configuration runs without it (counted in :func:`cudss_counters` as ``determinism_off``).
 

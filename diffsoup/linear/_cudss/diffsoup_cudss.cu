@@ -32,7 +32,7 @@
 // DIFFSOUP_CUDSS_TRANSPOSE=native|refactor|auto (default auto) forces either path;
 // DIFFSOUP_CUDSS_PIVOT_FAIL=0 stops counting perturbed pivots as failures;
 // DIFFSOUP_CUDSS_DETERMINISTIC=0 drops CUDSS_CONFIG_DETERMINISTIC_MODE (on by default: the
-// checkpointed adjoint needs replays that retrace the forward pass bit for bit); DIFFSOUP_CUDSS_VERBOSE=1
+// checkpointed adjoint needs replays that retrace the forward pass); DIFFSOUP_CUDSS_VERBOSE=1
 // reports failed cuDSS calls and the transposed-solve checks on stderr.
 
 #include <cuda_runtime.h>
