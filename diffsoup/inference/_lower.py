@@ -351,8 +351,7 @@ class LoweredStudy(AbstractLoweredStudy):
             "forward" if problem.n_theta <= FORWARD_GRADIENT_MAX_THETA else "adjoint"
         )
         self.hessian_kind: str | None = None if hessian == "auto" else hessian
-        self.chunk_size = chunk_size or DEFAULT_CHUNK
-        self._chunk_given = chunk_size is not None
+        self.chunk_size = chunk_size  # None: chosen (GPUs: from device memory; CPUs: searched from DEFAULT_CHUNK)
         self.fd_step = float(fd_step)
         self.n_devices = layout.data_size
         self.mesh = layout.mesh if self.n_devices > 1 else None
@@ -399,10 +398,7 @@ class LoweredStudy(AbstractLoweredStudy):
         if outside:
             ids = [self.problem.study.ids[i] for i in outside]
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
-        # A chunk size the caller did not give stays unset: the restriction chooses its own (on a
-        # GPU from device memory) instead of taking the CPU search's start as if it were given.
-        chunk_size = self.chunk_size if self._chunk_given else None
-        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=chunk_size,
+        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
                             block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
                             gradient=self.gradient_mode, experiments=chosen, share_programs_with=self)  # fmt: skip
 
@@ -545,9 +541,9 @@ class LoweredStudy(AbstractLoweredStudy):
         else:
             kinds = (mode,)
         B = self._blocks[gi].shape[1]
-        fill_device = self.platform != "cpu" and not self._chunk_given
+        fill_device = self.platform != "cpu" and self.chunk_size is None
         first = self._largest_fitting_lanes(mode, kinds[0], gi, B) if fill_device else (
-            min(math.ceil(self.chunk_size / self.n_devices), B))  # fmt: skip
+            min(math.ceil((self.chunk_size or DEFAULT_CHUNK) / self.n_devices), B))  # fmt: skip
         n_chunks = math.ceil(B / first)
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
