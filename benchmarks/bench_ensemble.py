@@ -13,12 +13,13 @@ Measured in the same run, every figure also a ratio against the in-process peer:
   way), results brought to host memory: simulations per second.
 * **Dask + Zarr**: ``ds.distributed.ensemble(...).to_zarr(store)`` on the embedded cluster
   (``ds.distributed.embedded_cluster``: ``--workers`` CPU worker processes here, one worker per
-  GPU with ``--gpu``), into a new store: simulations per second over the whole write (each worker's
-  compilation, or its load from the shared JAX cache, included; the in-process peer's compilation
-  is not), ``rate / in-process rate``.
-* **time in Dask vs in solves**: the workers' summed task time (Dask's task stream: input chunk,
-  solve, write) and the in-process solve time of the same simulations; the rest of ``workers x
-  wall`` is scheduling, transfers and idle workers.
+  GPU with ``--gpu``), into a new store: simulations per second over the whole write, after a
+  warm-up write of one chunk per worker into a store of its own (timed apart as ``warmup_s``: the
+  workers' compilation, as the in-process peer's is not timed), ``rate / in-process rate``.
+* **time in Dask vs in solves**: the workers' summed task time by kind (Dask's task stream: input
+  chunks, solves, Zarr writes; a GPU worker's second thread writes while the next chunk solves) and
+  the in-process solve time of the same simulations; the rest of ``workers x wall`` is scheduling,
+  transfers and idle workers.
 * **peak host memory**: the largest resident set (sampled every 0.1 s) of the client and of each
   worker during the write, at ``n / 10`` and ``n`` simulations: bounded, independent of ``n``.
 
@@ -148,6 +149,13 @@ def dask_run(problem, base, n, chunk, workers, gpu):
         cluster, client = ds.distributed.embedded_cluster(n_workers=workers)
         try:
             pids = client.run(os.getpid)
+            # Warm-up: one chunk per worker of another draw into a store of its own, so that the
+            # workers' compilation is not timed (as the in-process peer's is not).
+            t0 = time.perf_counter()
+            warm = ds.distributed.ensemble(problem, params=lazy_params(chunk * len(pids), chunk, base, seed=1),
+                                           t_eval=TIMES, chunk_size=chunk, client=client, **OPTIONS)  # fmt: skip
+            warm.to_zarr(tmp / "warmup.zarr", client=client)
+            warmup_s = time.perf_counter() - t0
             with PeakMemory([os.getpid(), *pids.values()]) as memory:
                 ens = ds.distributed.ensemble(problem, params=lazy_params(n, chunk, base), t_eval=TIMES,
                                               chunk_size=chunk, client=client, **OPTIONS)  # fmt: skip
@@ -155,8 +163,11 @@ def dask_run(problem, base, n, chunk, workers, gpu):
                 with get_task_stream(client) as stream:
                     written = ens.to_zarr(tmp / "ensemble.zarr", client=client)
                 wall = time.perf_counter() - t0
-            task_seconds = sum(sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")
-                               for t in stream.data)  # fmt: skip
+            task_seconds = {"solve": 0.0, "write": 0.0, "inputs": 0.0}
+            for t in stream.data:
+                key = str(t["key"])
+                kind = "solve" if "diffsoup-ensemble" in key else "write" if "store-map" in key else "inputs"
+                task_seconds[kind] += sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")
             n_workers = len(pids)
         finally:
             client.close()
@@ -166,7 +177,8 @@ def dask_run(problem, base, n, chunk, workers, gpu):
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "n": n, "workers": n_workers, "chunk_size": chunk, "chunks": written.chunks, "wall_s": wall,
-        "rate": n / wall, "task_seconds": task_seconds, "status": written.status, "store_bytes": size,
+        "rate": n / wall, "warmup_s": warmup_s, "task_seconds": sum(task_seconds.values()),
+        "task_seconds_by_kind": task_seconds, "status": written.status, "store_bytes": size,
         "peak_rss_client_mb": memory.peak[os.getpid()] / 2**20,
         "peak_rss_workers_mb": [memory.peak[p] / 2**20 for p in pids.values()],
         "resources": dict(ens.resources),
@@ -216,7 +228,9 @@ def main() -> None:
             rows.append(r)
             print(f"  dask+zarr: {r['workers']} worker(s), {size} simulations in {r['wall_s']:.1f} s = {r['rate']:,.0f}/s "
                   f"(x{r['rate_vs_in_process']:.2f} of in-process); "
-                  f"tasks {r['task_seconds']:.1f} s vs in-process solves {r['in_process_solve_s_same_work']:.1f} s; "
+                  f"tasks {r['task_seconds']:.1f} s (solve {r['task_seconds_by_kind']['solve']:.1f}, write "
+                  f"{r['task_seconds_by_kind']['write']:.1f}, inputs {r['task_seconds_by_kind']['inputs']:.1f}) vs "
+                  f"in-process solves {r['in_process_solve_s_same_work']:.1f} s; warm-up {r['warmup_s']:.1f} s; "
                   f"peak RSS client {r['peak_rss_client_mb']:.0f} MB, workers "
                   f"{', '.join(f'{m:.0f}' for m in r['peak_rss_workers_mb'])} MB; {r['status']}", flush=True)  # fmt: skip
 

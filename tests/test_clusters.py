@@ -54,7 +54,7 @@ def test_example_profile_reads_and_gives_a_gpu_job_script(tmp_path, monkeypatch)
     for line in ("#SBATCH -p gpu", "#SBATCH --gres=gpu:2", "#SBATCH -n 1", "#SBATCH --cpus-per-task=4",
                  "export DIFFSOUP_GPUS_PER_WORKER=1", "export JAX_PLATFORMS=cuda",
                  f"export DIFFSOUP_CACHE_DIR={tmp_path / 'shared'}", "--resources GPU=1",
-                 "--preload diffsoup.distributed._worker", "--nworkers 2", "--nthreads 1"):  # fmt: skip
+                 "--preload diffsoup.distributed._worker", "--nworkers 2", "--nthreads 2"):  # fmt: skip
         assert line in script, (line, script)
 
 
@@ -160,16 +160,37 @@ def test_embedded_cluster_reads_its_worker_count_and_resources_from_the_settings
     import dask
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # no GPU worker: the CPU worker count applies
-    with dask.config.set({"diffsoup.cluster.n-workers": 1, "diffsoup.cluster.resources": {"LANE": 3}}):
+    with dask.config.set({"diffsoup.cluster.n-workers": 1, "diffsoup.cluster.resources": {"LANE": 3},
+                          "diffsoup.cluster.threads-per-worker": 3}):  # fmt: skip
         cluster, client = ds.distributed.embedded_cluster()
     try:
         client.wait_for_workers(1, timeout=60)
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert len(workers) == 1
-        assert [w["resources"] for w in workers.values()] == [{"LANE": 3}]
+        assert [(w["resources"], w["nthreads"]) for w in workers.values()] == [({"LANE": 3}, 3)]
     finally:
         client.close()
         cluster.close()
+
+
+def test_worker_threads_are_two_where_a_resource_serializes_the_solves_else_one(monkeypatch):
+    import dask
+
+    assert ds.distributed.worker_threads({"GPU": 1}) == 2  # the shipped default
+    assert ds.distributed.worker_threads({}) == 1  # nothing would keep two solves off one GPU
+    assert ds.distributed.worker_threads({}, 4) == 4  # asked for explicitly
+    monkeypatch.setenv("DASK_DIFFSOUP__CLUSTER__THREADS_PER_WORKER", "3")
+    dask.config.refresh()
+    try:
+        assert ds.distributed.worker_threads({"GPU": 1}) == 3
+    finally:
+        monkeypatch.delenv("DASK_DIFFSOUP__CLUSTER__THREADS_PER_WORKER")
+        dask.config.refresh()
+    with pytest.raises(ValueError, match=r"threads_per_worker=0 must be a positive integer"):
+        ds.distributed.worker_threads({"GPU": 1}, 0)
+    with dask.config.set({"diffsoup.cluster.threads-per-worker": 1.5}):
+        with pytest.raises(ValueError, match=r"the setting diffsoup.cluster.threads-per-worker=1.5 must be"):
+            ds.distributed.worker_threads({"GPU": 1})
 
 
 # --------------------------------------------------------------------------------------------

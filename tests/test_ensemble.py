@@ -283,7 +283,8 @@ def test_chunks_run_on_workers_offering_the_gpu_resource_and_compile_once(networ
             assert {t["worker"] for t in stream.data if "diffsoup-ensemble" in str(t["key"])} == {names["gpu"]}
             with get_task_stream(client) as stream:
                 written = ens.to_zarr(tmp_path / "pinned.zarr", client=client)
-            assert written.complete and {t["worker"] for t in stream.data} == {names["gpu"]}
+            assert written.complete
+            assert {t["worker"] for t in stream.data if "diffsoup-ensemble" in str(t["key"])} == {names["gpu"]}
             assert len(builds) == 1  # six chunks, three computations: one program in the worker process
             np.testing.assert_allclose(values, _one_by_one(problem, params)[0], rtol=1e-12, atol=1e-12)
             # Without a worker offering it, nothing is pinned (CPU clusters); {} never pins.
@@ -295,6 +296,47 @@ def test_chunks_run_on_workers_offering_the_gpu_resource_and_compile_once(networ
                 assert _ensemble.ensemble_resources(None, client) == {}
     finally:
         cluster.close()
+
+
+def test_writes_run_beside_the_next_solve_while_solves_take_turns_on_the_gpu(network, monkeypatch, tmp_path):
+    """A GPU worker's two threads: the solve tasks ask for the GPU and never overlap; the Zarr
+    writes ask for nothing and overlap solves, so the write costs no solve time."""
+    from distributed import Client, Scheduler, SpecCluster, Worker, get_task_stream
+
+    from diffsoup.store._ensemble_store import ChunkWriter
+
+    problem, params, _ = network
+    pause = 0.4  # each solve and each write made this long (the workers run in this process)
+    solve, write = _ensemble._ProblemChunk.__call__, ChunkWriter.__setitem__
+    monkeypatch.setattr(_ensemble._ProblemChunk, "__call__", lambda self, *b: time.sleep(pause) or solve(self, *b))
+    monkeypatch.setattr(ChunkWriter, "__setitem__", lambda self, k, v: time.sleep(pause) or write(self, k, v))
+    threads = ds.distributed.worker_threads({"GPU": 1})
+    assert threads == 2 and ds.distributed.worker_threads({}) == 1
+    workers = {"gpu": {"cls": Worker, "options": {"nthreads": threads, "resources": {"GPU": 1}}}}
+    cluster = SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
+                          asynchronous=False)  # fmt: skip
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=4, client=client)
+            assert ens.resources == {"GPU": 1}
+            with get_task_stream(client) as stream:
+                written = ens.to_zarr(tmp_path / "overlap.zarr", client=client)
+    finally:
+        cluster.close()
+    assert written.complete and written.chunks == 6
+
+    def spans(prefix):
+        return sorted((s["start"], s["stop"]) for t in stream.data if str(t["key"]).startswith(f"('{prefix}")
+                      for s in t["startstops"] if s["action"] == "compute")  # fmt: skip
+
+    solves, writes = spans("diffsoup-ensemble"), spans("store-map")
+    assert len(solves) == len(writes) == 6
+    # One solve at a time (the worker records a task's stop a few ms after releasing its resource).
+    assert all(b[0] >= a[1] - 0.1 for a, b in zip(solves, solves[1:])), (solves, writes)
+    overlapping = [w for w in writes if any(s[0] < w[1] - 0.1 and w[0] < s[1] - 0.1 for s in solves)]
+    assert len(overlapping) >= 3, (solves, writes)
+    x = __import__("zarr").open_group(str(tmp_path / "overlap.zarr"), mode="r")
+    np.testing.assert_allclose(x["outputs"][:], _one_by_one(problem, params)[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.slow

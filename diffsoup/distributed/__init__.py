@@ -2,8 +2,9 @@
 multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary``, ``owns``,
 ``local_value``, ``from_local_data``, ``key``, ``any_process``), campaigns (``checkpointed_map``),
 ``world``, ensembles (``ensemble``: many simulations as a lazy Dask array, written to Zarr;
-``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
-(``SlurmProfile``, ``read_profile``), ``cluster_client``).
+``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the
+clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
+(``SlurmProfile``, ``read_profile``), ``cluster_client``, ``worker_threads``).
 
 Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
 ``diffsoup`` namespace of Dask's configuration (``_config``, defaults in ``diffsoup.yaml``).
@@ -18,6 +19,7 @@ from ._clusters import ClusterConnectionError as ClusterConnectionError
 from ._clusters import cluster_client as cluster_client
 from ._clusters import embedded_cluster as embedded_cluster
 from ._clusters import slurm_cluster as slurm_cluster
+from ._clusters import worker_threads as worker_threads
 from ._ensemble import Ensemble as Ensemble
 from ._ensemble import EnsembleWrite as EnsembleWrite
 from ._ensemble import ensemble as ensemble

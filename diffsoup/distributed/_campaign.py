@@ -85,8 +85,9 @@ def checkpointed_map(
             starts the embedded default: a LocalCluster on 127.0.0.1 with one worker process per
             visible GPU (``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi -L``), or, without GPUs, two CPU
             worker processes (a testing default; the setting ``diffsoup.cluster.n-workers``). Its
-            workers carry exactly ``resources`` and one thread, and it is closed when the campaign
-            ends.
+            workers carry exactly ``resources`` (with two threads: the resources keep one task
+            per GPU at a time; one thread where ``resources`` is ``{}``), and it is closed when
+            the campaign ends.
         resources: for ``"dask"``: the worker resources each task asks for; None reads the
             setting ``diffsoup.campaign.resources``, ``{"GPU": 1}`` unless configured, so tasks
             run only on GPU workers, one at a time per GPU. ``{}`` lets tasks run on any worker.

@@ -1,10 +1,13 @@
 """Dask clusters for diffsoup: the embedded default (a LocalCluster here) and SLURM clusters
 (dask-jobqueue's ``SLURMCluster``) from a profile (:class:`~diffsoup.distributed.SlurmProfile`).
 
-Both start workers the way diffsoup's tasks need them: one thread per worker process, the worker
-resources ``diffsoup.cluster.resources`` (``GPU=1``) per process (a lane token on CPU workers), and
-the preload ``diffsoup.distributed._worker`` (float64, XLA settings, a shared JAX compilation
-cache, one GPU per worker process, a clear failure when a GPU worker has no usable GPU).
+Both start workers the way diffsoup's tasks need them: the worker resources
+``diffsoup.cluster.resources`` (``GPU=1``) per process (a lane token on CPU workers), so that one
+task holding them runs at a time, ``diffsoup.cluster.threads-per-worker`` threads per process (2:
+the second runs tasks asking for no resources, an ensemble's input draws and Zarr writes, beside
+the solve; see :func:`worker_threads`), and the preload ``diffsoup.distributed._worker`` (float64,
+XLA settings, a shared JAX compilation cache, one GPU per worker process, a clear failure when a
+GPU worker has no usable GPU).
 
 Nothing here changes this process's environment: what the workers need travels in their own
 environment (the embedded cluster's ``env=``, the SLURM job script's prologue).
@@ -105,7 +108,31 @@ def _resources_argument(resources: Mapping[str, float]) -> str:
     return ",".join(f"{name}={amount:g}" for name, amount in resources.items())
 
 
-def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers: int | None = None):
+def worker_threads(resources: Mapping[str, float], threads: int | None = None) -> int:
+    """Threads of each worker process offering ``resources``: ``threads`` if given, else the
+    setting ``diffsoup.cluster.threads-per-worker`` (2) where ``resources`` is not empty, else 1.
+
+    Every diffsoup task that uses a GPU asks for the resource, so one runs at a time on a worker
+    however many threads it has; the other threads run tasks asking for nothing (an ensemble's
+    input draws and Zarr writes overlap the next chunk's solve). Workers that offer no resources
+    get one thread, since then nothing would keep two solves from sharing a GPU.
+
+    Raises:
+        ValueError: for anything but a positive integer, naming where it came from.
+    """
+    if threads is None and not resources:
+        return 1
+    where = "threads_per_worker" if threads is not None else "the setting diffsoup.cluster.threads-per-worker"
+    value = get("cluster.threads-per-worker", threads)
+    if isinstance(value, str) and value.strip().isdigit():  # DASK_DIFFSOUP__CLUSTER__THREADS_PER_WORKER=3
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}={value!r} must be a positive integer (threads per worker process).")
+    return value
+
+
+def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers: int | None = None,
+                     threads_per_worker: int | None = None):  # fmt: skip
     """Start the embedded default cluster: a Dask cluster on 127.0.0.1 with one worker process per
     visible GPU (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``), each pinned to its GPU, or else
     ``n_workers`` CPU worker processes. The dashboard listens on a free port.
@@ -114,6 +141,8 @@ def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers:
         resources: what each worker offers; None reads ``diffsoup.cluster.resources`` (``{"GPU":
             1}``: one task at a time each).
         n_workers: CPU workers when no GPU is visible; None reads ``diffsoup.cluster.n-workers`` (2).
+        threads_per_worker: threads of each worker process; None follows :func:`worker_threads`
+            (2 where the workers offer resources, else 1).
 
     Returns:
         ``(cluster, client)``; close both when done (or use :func:`cluster_client`).
@@ -121,17 +150,18 @@ def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers:
     from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
 
     resources = dict(get("cluster.resources", resources))
+    threads = worker_threads(resources, threads_per_worker)
     env = worker_environment()
     gpus = visible_gpus()
     if gpus:
         platforms = os.environ.get("JAX_PLATFORMS", "cuda")
         workers = {f"gpu-{g}": {"cls": Nanny, "options": {
-            "nthreads": 1, "resources": resources, "host": "127.0.0.1", "preload": [WORKER_PRELOAD],
+            "nthreads": threads, "resources": resources, "host": "127.0.0.1", "preload": [WORKER_PRELOAD],
             "env": {**env, "CUDA_VISIBLE_DEVICES": g, "JAX_PLATFORMS": platforms}}} for g in gpus}  # fmt: skip
         scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
         cluster = SpecCluster(workers=workers, scheduler=scheduler, name="diffsoup-embedded")
     else:
-        cluster = LocalCluster(n_workers=int(get("cluster.n-workers", n_workers)), threads_per_worker=1,
+        cluster = LocalCluster(n_workers=int(get("cluster.n-workers", n_workers)), threads_per_worker=threads,
                                processes=True, resources=resources or None, host="127.0.0.1",
                                dashboard_address="127.0.0.1:0", env=env, preload=[WORKER_PRELOAD])  # fmt: skip
     try:
@@ -145,8 +175,8 @@ def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers:
 def jobqueue_options(profile: SlurmProfile) -> dict[str, Any]:
     """The keyword arguments of dask-jobqueue's ``SLURMCluster`` for ``profile``.
 
-    Each job runs ``processes`` worker processes with one thread each and the resources
-    ``diffsoup.cluster.resources`` each, asks for ``gpus`` generic GPUs (``--gres=gpu:N``), and,
+    Each job runs ``processes`` worker processes with :func:`worker_threads` threads each and the
+    resources ``diffsoup.cluster.resources`` each, asks for ``gpus`` generic GPUs (``--gres=gpu:N``), and,
     holding several GPUs, has each worker process keep its own (``DIFFSOUP_GPUS_PER_WORKER``:
     dask-jobqueue gives every process of a job all of the job's GPUs). ``shared_dir`` becomes the
     workers' ``DIFFSOUP_CACHE_DIR`` (window-start store) and holds their JAX compilation cache.
@@ -166,11 +196,12 @@ def jobqueue_options(profile: SlurmProfile) -> dict[str, Any]:
     job_extra = list(profile.job_extra)
     if gpus:
         job_extra.append(f"--gres=gpu:{gpus}")
-    resources = _resources_argument(get("cluster.resources"))
+    offered = dict(get("cluster.resources"))
+    resources = _resources_argument(offered)
     options: dict[str, Any] = dict(
-        # One thread per worker process (one diffsoup task per GPU at a time); the job still books
-        # all of ``cores`` for XLA's own threads.
-        cores=processes, job_cpu=profile.job_cores, processes=processes, memory=profile.memory,
+        # dask-jobqueue gives each worker process cores / processes threads; the resources keep
+        # one diffsoup task per GPU at a time. The job still books all of ``cores`` for XLA's own threads.
+        cores=processes * worker_threads(offered), job_cpu=profile.job_cores, processes=processes, memory=profile.memory,
         walltime=profile.walltime, job_extra_directives=job_extra,
         worker_extra_args=(["--resources", resources] if resources else []) + ["--preload", WORKER_PRELOAD],
         job_script_prologue=prologue, python=profile.python or sys.executable,
@@ -184,11 +215,11 @@ def jobqueue_options(profile: SlurmProfile) -> dict[str, Any]:
 def slurm_cluster(profile: Any, **overrides: Any):
     """A dask-jobqueue ``SLURMCluster`` from a SLURM profile, scaled with ``adapt()``.
 
-    Each job runs ``processes`` worker processes with one thread each and ``GPU=1`` each, asks for
-    ``gpus`` generic GPUs (``--gres=gpu:N``), and, holding several GPUs, pins one GPU per worker
-    process (dask-jobqueue gives every process of a job all of the job's GPUs). ``shared_dir``
-    (created here) holds the workers' JAX compilation cache and, as their ``DIFFSOUP_CACHE_DIR``,
-    the window-start store. This process's environment is left as it is: to share the store with
+    Each job runs ``processes`` worker processes with ``GPU=1`` and two threads each (see
+    :func:`worker_threads`), asks for ``gpus`` generic GPUs (``--gres=gpu:N``), and, holding several
+    GPUs, pins one GPU per worker process (dask-jobqueue gives every process of a job all of the
+    job's GPUs). ``shared_dir`` (created here) holds the workers' JAX compilation cache and, as
+    their ``DIFFSOUP_CACHE_DIR``, the window-start store. This process's environment is left as it is: to share the store with
     the workers, give the driver the profile's ``shared_dir`` too (``read_profile(path).shared_dir``,
     e.g. as its ``DIFFSOUP_CACHE_DIR`` before it prepares windows).
 

@@ -10,10 +10,14 @@ Execution: the rows are split into chunks of ``chunk_size`` (a simple rule for n
 else the setting ``diffsoup.ensemble.chunk-size``, 1024 simulations; a study's chunks hold that
 many simulations' worth of draws, at least one). Each chunk is one Dask task running one jitted,
 vmapped solve (the last chunk is padded to the same size, so every chunk runs one program),
-compiled once per worker process. The task is annotated with ``resources`` (``{"GPU": 1}``, the
-setting ``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call has
-a worker offering them, so it runs on GPU workers; without such workers (CPU clusters, no client)
-it runs on any worker. The task returns one combined block per chunk (parameters, values,
+compiled once per worker process. The solve task is annotated with ``resources`` (``{"GPU": 1}``,
+the setting ``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call
+has a worker offering them, so it runs on GPU workers, one at a time per GPU; without such workers
+(CPU clusters, no client) it runs on any worker. The tasks around it (drawing the inputs, writing
+into Zarr) ask for nothing, so a worker's second thread runs them beside the next chunk's solve
+(``diffsoup.cluster.threads-per-worker``): :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr`
+compute without Dask's graph optimization, which would fuse them into the solve task and lose its
+annotation. The task returns one combined block per chunk (parameters, values,
 status), which :meth:`Ensemble.values` and :meth:`Ensemble.status` slice: compute them together
 (``dask.compute(ens.values, ens.status)``) to solve each chunk once.
 
@@ -89,11 +93,11 @@ class Ensemble:
         params: the parameter values simulated, a Dask array ``(rows, d)`` (columns
             ``parameter_names``); computing it runs no solve.
         layout: shapes, dimension names, coordinates and attributes (what the store holds).
-        resources: what each chunk's task asks of a worker (``{}``: any worker). Dask's graph
-            optimization may fuse a chunk's tasks into tasks without the annotation:
-            :meth:`compute` and :meth:`to_zarr` pass it to the client for every task; computing
-            ``values`` yourself on a cluster, do the same (``client.compute(..., resources=
-            ens.resources)``) or pass ``optimize_graph=False``.
+        resources: what each chunk's solve task asks of a worker (``{}``: any worker). Dask's
+            graph optimization fuses a chunk's tasks into ones without the annotation:
+            :meth:`compute` and :meth:`to_zarr` compute with ``optimize_graph=False``; computing
+            ``values`` yourself on a cluster, do the same (``client.compute(ens.values,
+            optimize_graph=False)``).
     """
 
     combined: Any
@@ -145,14 +149,14 @@ class Ensemble:
         return (self.layout.rows, *self.layout.value_shape)
 
     def compute(self, client: Any = None, **kwargs) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, status)`` as NumPy arrays, each chunk solved once: on ``client`` (its
-        workers offering :attr:`resources`), else with ``dask.compute(**kwargs)``."""
+        """``(values, status)`` as NumPy arrays, each chunk solved once: on ``client`` (the solves
+        on its workers offering :attr:`resources`), else with ``dask.compute(**kwargs)``."""
         import dask
 
         if client is not None:
-            combined = np.asarray(client.compute(self.combined, resources=dict(self.resources) or None, sync=True))
+            combined = np.asarray(client.compute(self.combined, optimize_graph=False, sync=True))
         else:
-            combined = np.asarray(dask.compute(self.combined, **kwargs)[0])
+            combined = np.asarray(dask.compute(self.combined, **{"optimize_graph": False, **kwargs})[0])
         lay = self.layout
         d = len(lay.parameter_names)
         values = combined[:, d : d + lay.value_width].reshape(lay.rows, *lay.value_shape)
@@ -163,8 +167,8 @@ class Ensemble:
                 progress: bool | Callable[[int, int], None] = False) -> EnsembleWrite:  # fmt: skip
         """Write the ensemble into a Zarr store, chunk by chunk, through Dask's ``da.store``.
 
-        Each chunk's solve writes its rows into its own region of the store's arrays, then marks
-        the chunk done in the store's completeness record. Run it again after a crash, a killed
+        Each chunk's rows are written into its own region of the store's arrays, then the chunk
+        is marked done in the store's completeness record. Run it again after a crash, a killed
         client or an ended allocation: only the chunks not yet marked are computed.
 
         Args:
@@ -172,10 +176,10 @@ class Ensemble:
             resume: finish a store of this same ensemble found at ``store``; False refuses an
                 existing store (unless ``overwrite``).
             overwrite: replace what is at ``store``.
-            client: a ``distributed.Client`` to compute on (every task of the write, reading
-                the inputs, solving and writing a chunk, asks for :attr:`resources`, so a chunk
-                stays on one GPU worker); None uses Dask's current scheduler (a default client
-                if one is set, else local threads).
+            client: a ``distributed.Client`` to compute on (each chunk's solve asks for
+                :attr:`resources`; reading its inputs and writing it ask for nothing, so they run
+                beside the next solve, where the data is); None uses Dask's current scheduler (a
+                default client if one is set, else local threads).
             progress: True draws a progress bar on stderr; a callable gets ``(chunks done,
                 chunks)`` about once a second.
 
@@ -202,7 +206,7 @@ class Ensemble:
             sources.append(self.combined[rows])
             regions.append((rows, slice(None)))
         stored = da.store(sources, [writer] * len(sources), regions=regions, lock=False, compute=False)
-        _compute_with_progress(stored, target, len(missing), lay.n_chunks, client, self.resources, progress)
+        _compute_with_progress(stored, target, len(missing), lay.n_chunks, client, progress)
         record = target.finish_run(run)
         return _write_result(target, run, record["chunks_written"], time.perf_counter() - t0)
 
@@ -224,10 +228,10 @@ def _write_result(target: EnsembleStore, run: int, written: int, seconds: float)
                          target.status_counts())  # fmt: skip
 
 
-def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: int, client, resources,
-                           progress) -> None:  # fmt: skip
-    """Compute ``stored`` (Dask's store graph) here, while a thread reports the chunks marked in
-    the store about once a second (so that Ctrl-C reaches the computation)."""
+def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: int, client, progress) -> None:
+    """Compute ``stored`` (Dask's store graph, unoptimized: the solve tasks keep their resources)
+    here, while a thread reports the chunks marked in the store about once a second (so that
+    Ctrl-C reaches the computation)."""
     from ._progress import ProgressBar
 
     bar = None
@@ -249,14 +253,14 @@ def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: 
         reporter.start()
     try:
         if client is not None:
-            future = client.compute(stored, resources=dict(resources) or None)
+            future = client.compute(stored, optimize_graph=False)
             try:
                 future.result()
             except BaseException:
                 future.cancel()
                 raise
         else:
-            stored.compute()
+            stored.compute(optimize_graph=False)
     finally:
         stop.set()
         if reporter is not None:
@@ -800,8 +804,8 @@ def _chunk_tasks(program: Callable, inputs: Sequence[Any], width: int, name: str
     (Dask arrays chunked alike along their rows, one chunk across), annotated with ``resources``.
 
     A layer of its own (not a blockwise one, which Dask fuses with its inputs' layers, dropping the
-    annotation); Dask's low-level fusion may still fuse it when the graph is optimized, which is why
-    :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr` also pass ``resources`` to the client."""
+    annotation); Dask's graph optimization still fuses it with its neighbours, which is why
+    :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr` compute with ``optimize_graph=False``."""
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
