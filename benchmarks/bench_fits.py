@@ -92,8 +92,9 @@ def load(name: str):
         return ds.petab.load(DATA / name / f"{name}.yaml")
 
 
-def bench_diffsoup(problem, points: np.ndarray, methods) -> dict:
-    """Each method's fit from ``points`` on one lowered study (compiled once per program)."""
+def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: bool = False) -> dict:
+    """Each method's fit from ``points`` on one lowered study (compiled once per program); with
+    ``hierarchical``, each method also with ``fit(hierarchical=True)`` (labelled "M hierarchical")."""
     import diffsoup as ds
 
     t, c = time.perf_counter(), time.process_time()
@@ -101,15 +102,17 @@ def bench_diffsoup(problem, points: np.ndarray, methods) -> dict:
     nominal = float(lowered.value(problem.nominal))
     out: dict = {"nominal_nll": nominal, "lower_and_value_s": time.perf_counter() - t,
                  "lower_and_value_cpu_s": time.process_time() - c, "methods": {}}  # fmt: skip
-    for method in methods:
+    variants = [(m, False) for m in methods] + ([(m, True) for m in methods] if hierarchical else [])
+    for method, analytic in variants:
+        label = f"{method} hierarchical" if analytic else method
         # Compile what the method evaluates (one start, two evaluations), timed apart.
         t, c = time.perf_counter(), time.process_time()
-        ds.inference.fit(lowered, method=method, starts=points[:1], max_nfev=2)
+        ds.inference.fit(lowered, method=method, starts=points[:1], max_nfev=2, hierarchical=analytic)
         compile_s, compile_cpu_s = time.perf_counter() - t, time.process_time() - c
         t, c = time.perf_counter(), time.process_time()
-        result = ds.inference.fit(lowered, method=method, starts=points, progress=False)
+        result = ds.inference.fit(lowered, method=method, starts=points, progress=False, hierarchical=analytic)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
-        out["methods"][method] = {
+        out["methods"][label] = {
             "compile_s": compile_s, "compile_cpu_s": compile_cpu_s, "seconds": wall, "cpu_seconds": cpu,
             "starts": [{"objective": s.objective if np.isfinite(s.objective) else None, "x": np.asarray(s.x).tolist(),
                         "n_evaluations": s.n_evaluations,
@@ -118,7 +121,7 @@ def bench_diffsoup(problem, points: np.ndarray, methods) -> dict:
                        for s in result.starts],
         }  # fmt: skip
         objectives = [s.objective for s in result.starts]
-        print(f"[bench_fits]   diffsoup {method}: best {min(objectives):.6f}, {wall:.1f} s ({cpu:.1f} s CPU), "
+        print(f"[bench_fits]   diffsoup {label}: best {min(objectives):.6f}, {wall:.1f} s ({cpu:.1f} s CPU), "
               f"compile {compile_s:.1f} s", flush=True)  # fmt: skip
     return out
 
@@ -277,6 +280,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="also run each method with fit(hierarchical=True): scalings and offsets optimized analytically")
     parser.add_argument("--json", type=Path, help="where the results go (default benchmarks/results/bench_fits.json, "
                         "bench_fits_quick.json for --quick)")  # fmt: skip
     args = parser.parse_args()
@@ -305,7 +310,7 @@ def main() -> None:
         print(f"[bench_fits] {name}: {n_starts} starts (load {os.getloadavg()[0]:.1f}) ...", flush=True)
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
-        d = bench_diffsoup(problem, points, args.methods)
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical)
         p = bench_pypesto(name, problem.theta_names, points, python)
         judged = judge(problem, end_points(d, p, problem.theta_names))
         results[name] = {"theta_names": list(problem.theta_names), "start_points": points.tolist(), "diffsoup": d,

@@ -26,6 +26,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
+from ._hierarchical import LinearParameters, projected_jacobian, schur_complement
 
 
 class Outcome(NamedTuple):
@@ -54,6 +55,9 @@ class StartObjective:
         fixed: theta index -> value (scaled) of coordinates held fixed (a profile's parameter);
             None or empty: every coordinate is free.
         on_evaluation: called after each evaluation of the lowered study (a progress bar).
+        linear: parameters optimized analytically at each evaluation (hierarchical optimization,
+            :mod:`diffsoup.inference._hierarchical`): not among the free coordinates; ``theta(x)``
+            holds their optimum at ``x``. Those in ``fixed`` stay fixed.
 
     Every method takes the free coordinates ``x`` and returns NaN (value, residuals) where a solve
     failed or a number is not finite; derivatives are restricted to the free coordinates.
@@ -66,14 +70,16 @@ class StartObjective:
     """
 
     def __init__(self, lowered: AbstractLoweredStudy, fixed: Mapping[int, float] | None = None,
-                 on_evaluation: Callable[[], None] | None = None):  # fmt: skip
+                 on_evaluation: Callable[[], None] | None = None, linear: LinearParameters | None = None):  # fmt: skip
         self.lowered = lowered
         k = lowered.problem.n_theta
         fixed = {int(i): float(v) for i, v in (fixed or {}).items()}
         bad = [i for i in fixed if not 0 <= i < k]
         if bad:
             raise ValueError(f"StartObjective: fixed indices {bad} are outside theta (size {k}).")
-        self.free = np.array([i for i in range(k) if i not in fixed], dtype=np.int64)
+        self.linear = linear.without(fixed) if linear is not None else None
+        profiled = set() if self.linear is None else set(self.linear.indices.tolist())
+        self.free = np.array([i for i in range(k) if i not in fixed and i not in profiled], dtype=np.int64)
         if self.free.size == 0:
             raise ValueError("StartObjective: every coordinate is fixed; nothing to optimize.")
         self._template = np.asarray(lowered.nominal, dtype=np.float64).copy()
@@ -86,12 +92,45 @@ class StartObjective:
         self.failures: Counter = Counter()
         self._on_evaluation = on_evaluation
         self._cache: tuple = (None, None)
+        self._inner: tuple = (None, None)
 
     def theta(self, x) -> np.ndarray:
-        """The full ``theta`` of free coordinates ``x``."""
+        """The full ``theta`` of free coordinates ``x`` (with the analytic optimum of the
+        ``linear`` parameters there; NaN in them where a solve failed on the way)."""
         theta = self._template.copy()
         theta[self.free] = np.asarray(x, dtype=np.float64)
-        return theta
+        found = self._profiled(theta)
+        if found is None:
+            if self.linear is not None:
+                theta[self.linear.indices] = math.nan
+            return theta
+        return found[0]
+
+    def _profiled(self, theta: np.ndarray):
+        """``(theta with the linear parameters' optimum, which of them are inside their bounds)``;
+        ``(theta, [])`` without linear parameters; None where a solve failed (kept for the point)."""
+        if self.linear is None:
+            return theta, np.zeros(0, dtype=np.int64)
+        key = theta[self.free].tobytes()
+        if self._inner[0] != key:
+
+            def residuals(th):
+                r = np.asarray(self.lowered.residuals(th), dtype=np.float64)
+                return None if self.lowered.last_failures or not np.all(np.isfinite(r)) else r
+
+            found = self.linear.solve(residuals, theta)
+            self._inner = (key, None if found is None else (found[0], self.linear.indices[found[1]]))
+        return self._inner[1]
+
+    def _at(self, x):
+        """The full theta at ``x`` and the linear coordinates to project out, or None (a failed
+        solve while finding the linear parameters' optimum: counted as a failed evaluation)."""
+        theta = self._template.copy()
+        theta[self.free] = np.asarray(x, dtype=np.float64)
+        found = self._profiled(theta)
+        if found is None:
+            self._failed()
+        return found
 
     def _failed(self) -> bool:
         """Count the evaluation just made; record and report its failed solves."""
@@ -109,12 +148,18 @@ class StartObjective:
 
     def value(self, x) -> float:
         """The objective (NaN where a solve failed)."""
-        v = self.lowered.value(self.theta(x))
+        found = self._at(x)
+        if found is None:
+            return math.nan
+        v = self.lowered.value(found[0])
         return math.nan if self._failed() or not np.isfinite(v) else float(v)
 
     def value_and_grad(self, x) -> tuple[float, np.ndarray]:
         """The objective and its gradient (NaN where a solve failed or a number is not finite)."""
-        v, g = self.lowered.value_and_grad(self.theta(x))
+        found = self._at(x)
+        if found is None:
+            return math.nan, np.full(self.free.size, math.nan)
+        v, g = self.lowered.value_and_grad(found[0])
         g = np.asarray(g, dtype=np.float64)[self.free]
         if self._failed() or not (np.isfinite(v) and np.all(np.isfinite(g))):
             return math.nan, np.full_like(g, math.nan)
@@ -122,8 +167,12 @@ class StartObjective:
 
     def gauss_newton(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         """Value, gradient and Gauss-Newton Hessian ``2 scale J^T J`` (NaN where a solve failed)."""
-        v, g, H = self.lowered.gauss_newton(self.theta(x))
-        g, H = np.asarray(g)[self.free], np.asarray(H)[np.ix_(self.free, self.free)]
+        found = self._at(x)
+        if found is None:
+            n = self.free.size
+            return math.nan, np.full(n, math.nan), np.full((n, n), math.nan)
+        v, g, H = self.lowered.gauss_newton(found[0])
+        g, H = np.asarray(g)[self.free], schur_complement(np.asarray(H), self.free, found[1])
         if self._failed() or not (np.isfinite(v) and np.all(np.isfinite(g)) and np.all(np.isfinite(H))):
             return math.nan, np.full_like(g, math.nan), np.full_like(H, math.nan)
         return float(v), g, H
@@ -134,7 +183,8 @@ class StartObjective:
         v, g = self.value_and_grad(x)
         if not np.isfinite(v):
             return v, g, np.full((g.size, g.size), math.nan)
-        H = np.asarray(self.lowered.hessian(self.theta(x)))[np.ix_(self.free, self.free)]
+        found = self._at(x)  # cached by value_and_grad's call
+        H = schur_complement(np.asarray(self.lowered.hessian(found[0])), self.free, found[1])
         if self._failed() or not np.all(np.isfinite(H)):
             return math.nan, np.full_like(g, math.nan), np.full_like(H, math.nan)
         return v, g, H
@@ -144,8 +194,14 @@ class StartObjective:
         call at the same point (scipy asks for them separately); all NaN where a solve failed."""
         key = np.asarray(x, dtype=np.float64).tobytes()
         if self._cache[0] != key:
-            r, J = self.lowered.residuals_and_jacobian(self.theta(x))
-            r, J = np.asarray(r, dtype=np.float64), np.asarray(J, dtype=np.float64)[:, self.free]
+            found = self._at(x)
+            if found is None:
+                n = self.lowered.n_residuals
+                self._cache = (key, (np.full(n, math.nan), np.full((n, self.free.size), math.nan)))
+                return self._cache[1]
+            r, J = self.lowered.residuals_and_jacobian(found[0])
+            r = np.asarray(r, dtype=np.float64)
+            J = projected_jacobian(np.asarray(J, dtype=np.float64), self.free, found[1])
             if self._failed() or not (np.all(np.isfinite(r)) and np.all(np.isfinite(J))):
                 r, J = np.full_like(r, math.nan), np.full_like(J, math.nan)
             self._cache = (key, (r, J))
