@@ -35,6 +35,10 @@ objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
 
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
                                     [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
+                                    [--hierarchical]
+
+``--hierarchical`` also runs each method with ``fit(hierarchical=True)`` (scaling factors and
+offsets optimized analytically; rows "M hierarchical"), from the same starts.
 
 ``--quick`` (about 10 minutes on a 2-core CPU): 8 starts on Boehm and Bruno, the two problems
 whose starts take seconds (a start on Brannmark, Fujita or Weber takes one to several minutes with

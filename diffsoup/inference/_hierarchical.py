@@ -173,7 +173,8 @@ class LinearParameters:
 
     def without(self, indices: Sequence[int]) -> "LinearParameters | None":
         """These parameters less the ``theta`` indices ``indices`` (a profile holds them fixed)."""
-        keep = [k for k, i in enumerate(self.indices) if int(i) not in set(map(int, indices))]
+        held = {int(i) for i in indices}
+        keep = [k for k, i in enumerate(self.indices) if int(i) not in held]
         if not keep:
             return None
         pick = lambda x: tuple(x[k] for k in keep)  # noqa: E731
