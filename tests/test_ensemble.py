@@ -335,7 +335,9 @@ def test_writes_run_beside_the_next_solve_while_solves_take_turns_on_the_gpu(net
     assert all(b[0] >= a[1] - 0.1 for a, b in zip(solves, solves[1:])), (solves, writes)
     overlapping = [w for w in writes if any(s[0] < w[1] - 0.1 and w[0] < s[1] - 0.1 for s in solves)]
     assert len(overlapping) >= 3, (solves, writes)
-    x = __import__("zarr").open_group(str(tmp_path / "overlap.zarr"), mode="r")
+    import zarr
+
+    x = zarr.open_group(str(tmp_path / "overlap.zarr"), mode="r")
     np.testing.assert_allclose(x["outputs"][:], _one_by_one(problem, params)[0], rtol=1e-12, atol=1e-12)
 
 

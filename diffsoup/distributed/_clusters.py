@@ -123,9 +123,7 @@ def worker_threads(resources: Mapping[str, float], threads: int | None = None) -
     if threads is None and not resources:
         return 1
     where = "threads_per_worker" if threads is not None else "the setting diffsoup.cluster.threads-per-worker"
-    value = get("cluster.threads-per-worker", threads)
-    if isinstance(value, str) and value.strip().isdigit():  # DASK_DIFFSOUP__CLUSTER__THREADS_PER_WORKER=3
-        value = int(value)
+    value = get("cluster.threads-per-worker", threads)  # Dask parses an environment variable's 3 as a number
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}={value!r} must be a positive integer (threads per worker process).")
     return value

@@ -251,9 +251,7 @@ def fit(
     if isinstance(resample_failed_starts, bool) or int(resample_failed_starts) < 0:
         raise ValueError(f"fit: resample_failed_starts={resample_failed_starts!r} must be a non-negative integer.")
     low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
-    linear = None
-    if hierarchical is not False and hierarchical is not None:
-        linear = LinearParameters.find(low, hierarchical)
+    linear = LinearParameters.find(low, hierarchical) if hierarchical else None
     prob = low.problem
     k = prob.n_theta
     lo, hi = np.asarray(low.lower, float), np.asarray(low.upper, float)

@@ -115,7 +115,7 @@ class LinearParameters:
         at = lambda v: candidate._theta(theta, v)  # noqa: E731
         r0 = _finite_residuals(lowered, at(candidate.base), "the base point")
         rounding = 1e-12 * (1.0 + float(np.max(np.abs(r0))))
-        keep, reasons = [], {}
+        keep, columns, reasons = [], [], {}
         for k in range(len(wanted)):
             e = np.zeros(len(wanted))
             e[k] = 1.0
@@ -130,6 +130,7 @@ class LinearParameters:
                 reasons[k] = f"the residuals are not affine in it (deviation {deviation:.3g} of an effect {effect:.3g})"
             else:
                 keep.append(k)
+                columns.append(column / candidate.step[k])
         if names is not True and reasons:
             k, why = next(iter(reasons.items()))
             raise ValueError(
@@ -140,9 +141,11 @@ class LinearParameters:
         if not keep:
             return None
         found = cls._of(lowered, [wanted[k] for k in keep], [params[k] for k in keep])
-        # Jointly: products of the parameters (one scaling another's offset) would show here.
+        # Jointly: products of the parameters (one scaling another's offset) would show here. The
+        # columns found above are B's (every other parameter sat at its base for each).
+        B = np.stack(columns, axis=1)
+        a = r0 + B @ found.base
         probe = found.base + found.step * np.linspace(0.5, 1.5, len(keep))
-        a, B = found._affine(lambda th: _finite_residuals(lowered, th, "the joint check"), theta)
         joint = _finite_residuals(lowered, found._theta(theta, probe), "the joint check")
         deviation = float(np.max(np.abs(joint - (a - B @ probe))))
         if deviation > AFFINE_RTOL * float(np.max(np.abs(B * found.step))) + rounding:
@@ -266,9 +269,15 @@ def observable_only_entries(problem: Any) -> set[int]:
     return observable - elsewhere
 
 
-def _finite_residuals(lowered: AbstractLoweredStudy, theta: np.ndarray, where: str) -> np.ndarray:
+def residuals_or_none(lowered: AbstractLoweredStudy, theta: np.ndarray) -> np.ndarray | None:
+    """The residuals at ``theta``, or None where a solve failed or one is not finite."""
     r = np.asarray(lowered.residuals(theta), dtype=np.float64)
-    if lowered.last_failures or not np.all(np.isfinite(r)):
+    return None if lowered.last_failures or not np.all(np.isfinite(r)) else r
+
+
+def _finite_residuals(lowered: AbstractLoweredStudy, theta: np.ndarray, where: str) -> np.ndarray:
+    r = residuals_or_none(lowered, theta)
+    if r is None:
         failed = ", ".join(f"{k}: {getattr(v, 'name', v)}" for k, v in lowered.last_failures.items()) or "non-finite residuals"
         raise ValueError(f"hierarchical: the residuals at {where} are not finite ({failed}); check at another theta=.")
     return r

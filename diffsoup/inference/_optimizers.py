@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
-from ._hierarchical import LinearParameters, projected_jacobian, schur_complement
+from ._hierarchical import LinearParameters, projected_jacobian, residuals_or_none, schur_complement
 
 
 class Outcome(NamedTuple):
@@ -97,14 +97,18 @@ class StartObjective:
     def theta(self, x) -> np.ndarray:
         """The full ``theta`` of free coordinates ``x`` (with the analytic optimum of the
         ``linear`` parameters there; NaN in them where a solve failed on the way)."""
-        theta = self._template.copy()
-        theta[self.free] = np.asarray(x, dtype=np.float64)
+        theta = self._filled(x)
         found = self._profiled(theta)
         if found is None:
-            if self.linear is not None:
-                theta[self.linear.indices] = math.nan
+            theta[self.linear.indices] = math.nan
             return theta
         return found[0]
+
+    def _filled(self, x) -> np.ndarray:
+        """The template with the free coordinates set to ``x``."""
+        theta = self._template.copy()
+        theta[self.free] = np.asarray(x, dtype=np.float64)
+        return theta
 
     def _profiled(self, theta: np.ndarray):
         """``(theta with the linear parameters' optimum, which of them are inside their bounds)``;
@@ -113,21 +117,14 @@ class StartObjective:
             return theta, np.zeros(0, dtype=np.int64)
         key = theta[self.free].tobytes()
         if self._inner[0] != key:
-
-            def residuals(th):
-                r = np.asarray(self.lowered.residuals(th), dtype=np.float64)
-                return None if self.lowered.last_failures or not np.all(np.isfinite(r)) else r
-
-            found = self.linear.solve(residuals, theta)
+            found = self.linear.solve(lambda th: residuals_or_none(self.lowered, th), theta)
             self._inner = (key, None if found is None else (found[0], self.linear.indices[found[1]]))
         return self._inner[1]
 
     def _at(self, x):
         """The full theta at ``x`` and the linear coordinates to project out, or None (a failed
         solve while finding the linear parameters' optimum: counted as a failed evaluation)."""
-        theta = self._template.copy()
-        theta[self.free] = np.asarray(x, dtype=np.float64)
-        found = self._profiled(theta)
+        found = self._profiled(self._filled(x))
         if found is None:
             self._failed()
         return found
