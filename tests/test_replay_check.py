@@ -79,8 +79,9 @@ def test_rounding_level_differences_pass_the_replay_check(dense_gradient):
     got = _gradient(_Jittery(jitter=1e-15))
     assert np.all(np.isfinite(got))
     # The perturbed solves take slightly other steps (a different discrete solution, within rtol
-    # 1e-8 of the same trajectory): the gradients agree to 1.5e-7 here, not to rounding.
-    np.testing.assert_allclose(got, dense_gradient, rtol=1e-6)
+    # 1e-8 of the same trajectory): the gradients agree to 1e-7 - 2.3e-6 (measured over three
+    # draws of the signs), not to rounding; the exact adjoint and forward gradients agree to 5e-13.
+    np.testing.assert_allclose(got, dense_gradient, rtol=5e-6)
 
 
 def test_bit_for_bit_check_fails_the_same_solver(monkeypatch):
