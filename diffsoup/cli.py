@@ -22,6 +22,7 @@ from pathlib import Path
 
 # diffsoup.inference._fit.METHODS, not imported here so that --help does not import JAX.
 FIT_METHODS = ("fides", "trf", "lbfgsb")
+HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")  # ds.inference.Fides(hessian=...)
 
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
               "problem's YAML file")
@@ -135,7 +136,8 @@ def _check(args) -> int:
     if study.levels:
         print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
     f = sf.fit
-    print(f"  fit: {f['method']}, {f['starts']} starts (seed {f['seed']}), max_nfev {f['max_nfev']}, "
+    method = f"fides ({f['hessian']} Hessian)" if f["method"] == "fides" else f["method"]
+    print(f"  fit: {method}, {f['starts']} starts (seed {f['seed']}), max_nfev {f['max_nfev']}, "
           f"objective {f['objective']}")  # fmt: skip
     print(f"  solver: rtol={sf.solver.rtol:g}, atol={sf.solver.atol:g}, max_steps={sf.solver.max_steps}")
     return 0
@@ -192,7 +194,7 @@ def _fit(args) -> int:
     sf = _load(args)
     with _cluster(args) as (client, _dashboard):  # fit_study prints the dashboard's address
         summary = fit_study(sf, args.out, client=client, method=args.method, starts=args.starts, seed=args.seed,
-                            max_nfev=args.max_nfev, plots=not args.no_plots)  # fmt: skip
+                            max_nfev=args.max_nfev, hessian=args.hessian, plots=not args.no_plots)  # fmt: skip
     _print_summary(summary, args.out)
     return 0
 
@@ -206,7 +208,7 @@ def _campaign(args) -> int:
         if dashboard:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
-                                 max_nfev=args.max_nfev, resume=not args.restart,
+                                 max_nfev=args.max_nfev, hessian=args.hessian, resume=not args.restart,
                                  on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
                                  no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
     c = summary["campaign"]
@@ -257,6 +259,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
                    help="output directory (default ./diffsoup-results)")  # fmt: skip
     p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
+    p.add_argument("--hessian", choices=HESSIANS,
+                   help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
@@ -434,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "grid", 4) < 4:
         parser.error("--grid must be at least 4")
+    if getattr(args, "hessian", None) and getattr(args, "method", None) not in (None, "fides"):
+        parser.error(f"--hessian {args.hessian} applies to --method fides only (not {args.method})")
     confidence = getattr(args, "confidence", 0.5)
     if not 0.0 < confidence < 1.0:
         parser.error(f"--confidence {confidence} must lie between 0 and 1 (0.95 for 95%)")

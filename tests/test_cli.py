@@ -514,3 +514,33 @@ def test_profile_command_names_what_is_wrong_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["profile", str(study), "--from-fit", str(tmp_path), "--confidence", "95"])
     assert "--confidence 95.0 must lie between 0 and 1" in capsys.readouterr().err
+
+
+def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
+    """``diffsoup fit --hessian hybrid`` (pyPESTO's default Hessian) reaches scipy's closed-form
+    optimum of the decay study like the default Gauss-Newton run, and the summary says which
+    Hessian ran; ``--hessian`` with another method is refused in one line."""
+    import pandas as pd
+    from fit_helpers import SIGMA, TIMES, data, reference_fit
+
+    (tmp_path / "model.py").write_text(DECAY_MODEL)
+    (tmp_path / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
+    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(tmp_path / "decay.csv", index=False, float_format="%.17g")
+    theta, _, nll = reference_fit(0)
+    for hessian in ("gauss_newton", "hybrid"):
+        out = tmp_path / hessian
+        diffsoup("fit", tmp_path / "study.toml", "-o", out, "--in-process", "--starts", 2, "--hessian", hessian,
+                 "--no-plots")  # fmt: skip
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["method"] == "fides" and summary["hessian"] == hessian
+        assert summary["objective"] == pytest.approx(nll, abs=1e-7)
+        got = np.log10([summary["parameters"]["A"], summary["parameters"]["k"]])
+        np.testing.assert_allclose(got, theta, atol=1e-5)
+    proc = diffsoup("fit", tmp_path / "study.toml", "-o", tmp_path / "trf", "--in-process", "--method", "trf",
+                    "--hessian", "hybrid", check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert "--hessian hybrid applies to --method fides only (not trf)" in proc.stderr
+    from diffsoup.cli import HESSIANS
+    from diffsoup.inference._fides import HESSIANS as FIDES_HESSIANS
+
+    assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'

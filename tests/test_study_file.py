@@ -489,3 +489,17 @@ def test_v2_errors_name_the_line_and_field(tmp_path):
     assert err.field == "experiments[0].y0.A" and "unknown study parameter 'nope'" in str(err)
     err = error_of(tmp_path, V2.replace('conditions = {k1 = 2.0}', 'conditions = {kx = 2.0}'), files)
     assert err.field == "experiments[1].preequilibration.conditions.kx"
+
+
+def test_fit_hessian_is_read_checked_and_named_in_errors(tmp_path):
+    """``[fit] hessian`` picks fides' Hessian (default Gauss-Newton); a value fides has not, or a
+    Hessian with another method, is refused with the field's line."""
+    assert load_study(write(tmp_path)).fit["hessian"] == "gauss_newton"
+    fit = '\n[fit]\nmethod = "fides"\nhessian = "hybrid"\n'
+    assert load_study(write(tmp_path, HEAD + fit + EXPERIMENTS)).fit["hessian"] == "hybrid"
+    text = HEAD + fit.replace('"hybrid"', '"newton"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "fit.hessian" and err.line == line_of(text, "hessian =") and "'newton' is not one of" in str(err)
+    text = HEAD + fit.replace('"fides"', '"trf"') + EXPERIMENTS
+    err = error_of(tmp_path, text)
+    assert err.field == "fit.hessian" and 'applies to method "fides" only' in str(err)

@@ -34,6 +34,7 @@ Paths are relative to the study file. Every error names the file, the line and t
 
     [fit]                                # optional defaults of `diffsoup fit` / `campaign`
     method = "fides"                     # fides (default), trf (least squares) or lbfgsb (adjoint)
+    hessian = "gauss_newton"             # fides only: gauss_newton (default), hybrid, exact, bfgs, sr1
     starts = 4
     seed = 0
     max_nfev = 200
@@ -122,6 +123,7 @@ import numpy as np
 from .._precision import Precision
 from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
+from ..inference._fides import DEFAULT_HESSIAN, HESSIANS
 from ..inference._fit import DEFAULT_METHOD, METHODS
 from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
@@ -140,7 +142,7 @@ TOP_KEYS = ("format", "name", "description", "levels", "model", "observables", "
 MODEL_KEYS = ("species", "reactions", "parameters", "y0", "python", "linear_solver", "precision")
 SOLVER_KEYS = ("rtol", "atol", "max_steps", "checkpoints")
 NOISE_KEYS = ("model", "sigma")
-FIT_KEYS = ("method", "starts", "seed", "max_nfev", "objective")
+FIT_KEYS = ("method", "hessian", "starts", "seed", "max_nfev", "objective")
 PARAMETER_KEYS = ("name", "nominal", "lower", "upper", "scale", "estimate", "level")
 EXPERIMENT_KEYS = ("id", "data", "observables", "y0", "conditions", "parameters", "groups", "noise", "t0",
                    "multishoot")  # fmt: skip
@@ -163,7 +165,8 @@ TIME = "time"  # the measurement time's name in observable expressions (/2)
 OBJECTIVES = ("nll", "chi2")
 PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
 # The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
-DEFAULT_FIT = {"method": DEFAULT_METHOD, "starts": 4, "seed": 0, "max_nfev": None, "objective": "nll"}
+DEFAULT_FIT = {"method": DEFAULT_METHOD, "hessian": DEFAULT_HESSIAN, "starts": 4, "seed": 0, "max_nfev": None,
+               "objective": "nll"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -575,8 +578,13 @@ def _solver(r: TomlReader, table: dict):
 def _fit(r: TomlReader, table: dict) -> dict:
     r.keys(table, FIT_KEYS, ("fit",))
     max_nfev = table.get("max_nfev", None)
+    method = r.string(table.get("method", DEFAULT_FIT["method"]), ("fit", "method"), METHODS)
+    if "hessian" in table and method != "fides":
+        raise r.error(("fit", "hessian"), f"applies to method \"fides\" only (method is {method!r}); remove it "
+                                          f"or set method = \"fides\"")  # fmt: skip
     return {
-        "method": r.string(table.get("method", DEFAULT_FIT["method"]), ("fit", "method"), METHODS),
+        "method": method,
+        "hessian": r.string(table.get("hessian", DEFAULT_FIT["hessian"]), ("fit", "hessian"), HESSIANS),
         "starts": r.integer(table.get("starts", DEFAULT_FIT["starts"]), ("fit", "starts"), minimum=1),
         "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
         "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),

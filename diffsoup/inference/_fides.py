@@ -31,6 +31,7 @@ import numpy as np
 from ._optimizers import AbstractOptimizer, Outcome, StartObjective
 
 HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
+DEFAULT_HESSIAN = "gauss_newton"
 SUBSPACES = ("2D", "full", "scg")
 
 
@@ -58,7 +59,7 @@ class Fides(AbstractOptimizer):
     """
 
     name: ClassVar[str] = "fides"
-    hessian: str = "gauss_newton"
+    hessian: str = DEFAULT_HESSIAN
     max_evaluations: int = 1000
     max_seconds: float = math.inf
     fatol: float = 1e-6

@@ -173,8 +173,8 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
 
 
 def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = None, starts: int | None = None,
-              seed: int | None = None, max_nfev: int | None = None, progress: bool = True, plots: bool = True,
-              log: Callable = print) -> dict:  # fmt: skip
+              seed: int | None = None, max_nfev: int | None = None, hessian: str | None = None,
+              progress: bool = True, plots: bool = True, log: Callable = print) -> dict:  # fmt: skip
     """Fit a study file: multistart, the study lowered over the workers of ``client`` (by
     ``ds.distributed.run``: each worker holds a shard of the experiments) or, with
     ``client=None``, in this process.
@@ -183,7 +183,8 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         study: the study file (a path or a loaded ``StudyFile``).
         out: the output directory (created).
         client: a ``distributed.Client``, or None to fit here.
-        method, starts, seed, max_nfev: override the file's ``[fit]`` settings.
+        method, starts, seed, max_nfev, hessian: override the file's ``[fit]`` settings (``hessian``:
+            fides' Hessian, ``ds.inference.Fides(hessian=...)``; with method fides only).
         progress: progress bars on stderr.
         plots: write the PNG plots.
         log: where progress lines go.
@@ -200,13 +201,13 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = _settings(sf, method, starts, seed, max_nfev)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
         f"{sum(p.estimate for p in sf.study.parameters)} estimated parameters, {settings['starts']} starts "
-        f"({settings['method']}), {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
-    extra: dict[str, Any] = {"where": _describe(client) if client is not None else "in-process"}
+        f"({_method_label(settings)}), {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
+    extra: dict[str, Any] = {"where": _describe(client) if client is not None else "in-process", **_hessian_entry(settings)}
     start = time.perf_counter()
-    fit_options = dict(method=settings["method"], starts=settings["starts"], seed=settings["seed"],
+    fit_options = dict(method=_optimizer(settings), starts=settings["starts"], seed=settings["seed"],
                        max_nfev=settings["max_nfev"], progress=progress)  # fmt: skip
     if client is None:
         lowered = sf.lower()
@@ -231,18 +232,40 @@ def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, 
         raise
 
 
-def _settings(sf: Any, method, starts, seed, max_nfev) -> dict:
+def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None) -> dict:
+    from ..inference._fides import HESSIANS
     from ..inference._fit import METHODS
 
     s = dict(sf.fit)
-    for key, value in (("method", method), ("starts", starts), ("seed", seed), ("max_nfev", max_nfev)):
+    for key, value in (("method", method), ("starts", starts), ("seed", seed), ("max_nfev", max_nfev),
+                       ("hessian", hessian)):  # fmt: skip
         if value is not None:
             s[key] = value
     if s["method"] not in METHODS:
         raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
+    if hessian is not None and s["method"] != "fides":
+        raise ValueError(f"hessian={hessian!r} applies to method 'fides' only (method is {s['method']!r}).")
+    if s["hessian"] not in HESSIANS:
+        raise ValueError(f"hessian={s['hessian']!r} must be one of {HESSIANS}.")
     if s["starts"] < 1:
         raise ValueError(f"starts={s['starts']} must be at least 1.")
     return s
+
+
+def _optimizer(settings: Mapping[str, Any]) -> Any:
+    """What ``fit(method=...)`` gets: ``Fides(hessian=...)`` for fides, else the method's name."""
+    from ..inference import Fides
+
+    return Fides(hessian=settings["hessian"]) if settings["method"] == "fides" else settings["method"]
+
+
+def _method_label(settings: Mapping[str, Any]) -> str:
+    return f"fides, {settings['hessian']} Hessian" if settings["method"] == "fides" else settings["method"]
+
+
+def _hessian_entry(settings: Mapping[str, Any]) -> dict:
+    """The summary's ``hessian`` entry (fides' Hessian), empty for the other methods."""
+    return {"hessian": settings["hessian"]} if settings["method"] == "fides" else {}
 
 
 def _describe(client: Any) -> str:
@@ -268,7 +291,7 @@ class FitStartTask:
     experiments come from the shared store (``DIFFSOUP_CACHE_DIR``) when present.
     """
 
-    def __init__(self, study_path: str, method: str, max_nfev: int | None):
+    def __init__(self, study_path: str, method: Any, max_nfev: int | None):
         self.study_path, self.method, self.max_nfev = study_path, method, max_nfev
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
@@ -295,8 +318,8 @@ class FitStartTask:
 
 
 def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | None = None, seed: int | None = None,
-                   method: str | None = None, max_nfev: int | None = None, resume: bool = True,
-                   on_conflict: str = "error", progress: bool = True, plots: bool = True,
+                   method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
+                   resume: bool = True, on_conflict: str = "error", progress: bool = True, plots: bool = True,
                    log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
     """A multistart campaign on a study file: each start is a ``checkpointed_map`` task (a Dask task
     on a worker offering ``GPU=1`` when ``client`` is given, else run here), recorded in the ledger
@@ -307,8 +330,8 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         study: the study file (a path or a loaded ``StudyFile``).
         out: the output directory (holds the ledger).
         client: a ``distributed.Client``, or None to run the starts here one after another.
-        starts, seed, method, max_nfev: override the file's ``[fit]`` settings; the start points
-            are Latin hypercube samples fixed by ``seed``.
+        starts, seed, method, max_nfev, hessian: override the file's ``[fit]`` settings (as for
+            :func:`fit_study`); the start points are Latin hypercube samples fixed by ``seed``.
         resume, on_conflict: as for ``checkpointed_map``.
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
             reads the setting ``diffsoup.campaign.no-worker-timeout`` (60 s); ``math.inf`` waits
@@ -330,7 +353,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = _settings(sf, method, starts, seed, max_nfev)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian)
 
     solves_before = window_solves()
     # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
@@ -341,9 +364,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest}
              for i, p in enumerate(points)]  # fmt: skip
     ledger = out / "campaign.json"
-    log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({settings['method']}), ledger {ledger}, "
+    log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
-    task = FitStartTask(str(sf.path.resolve()), settings["method"], settings["max_nfev"])
+    task = FitStartTask(str(sf.path.resolve()), _optimizer(settings), settings["max_nfev"])
     if client is None:  # the tasks run in this process: they share this lowered study
         _LOWERED.clear()
         _LOWERED[(task.study_path, digest)] = lowered
@@ -392,6 +415,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
             "window_solves": int(solves),
             "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
         },
+        **_hessian_entry(settings),
     }  # fmt: skip
     return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
 
