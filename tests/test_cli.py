@@ -111,6 +111,11 @@ def test_campaign_in_process_resumes_from_its_ledger(demo, tmp_path):
     other = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--seed", 9, "--in-process",
                      check=False)  # fmt: skip
     assert other.returncode == 2 and "--restart" in other.stderr
+    # The same starts with another optimizer (the file's is trf) are other tasks: refused, not
+    # resumed from the ledger.
+    fides = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--method",
+                     "fides", "--in-process", check=False)  # fmt: skip
+    assert fides.returncode == 2 and "--restart" in fides.stderr
 
 
 def test_check_reports_a_malformed_file_by_line_and_field(tmp_path):

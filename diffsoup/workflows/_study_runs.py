@@ -348,7 +348,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     """
     from ..distributed import checkpointed_map
     from ..inference import FitResult, StartResult, window_solves
-    from ..inference._fit import start_points
+    from ..inference._fit import optimizer_of, start_points
 
     sf = _study_file(study)
     out = Path(out)
@@ -361,7 +361,10 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     lowered = sf.lower()
     points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
-    items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest}
+    # The optimizer with its options is part of each item, so a rerun with another method, Hessian
+    # or evaluation cap is a ledger conflict (resume refused, --restart offered), not a silent reuse.
+    optimizer = repr(optimizer_of(_optimizer(settings), max_nfev=settings["max_nfev"]))
+    items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest, "optimizer": optimizer}
              for i, p in enumerate(points)]  # fmt: skip
     ledger = out / "campaign.json"
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
