@@ -329,3 +329,34 @@ def test_implicit_euler_validation():
         ImplicitEuler(newton_tol=0.0)
     with pytest.raises(ValueError, match="max_newton_steps"):
         ImplicitEuler(max_newton_steps=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnchainedLoopedRodas5P(_UnchainedRodas5P):
+    """The unchained tableau through the looped stage code (running sums forward, stacked
+    increments in reverse), whose solution and error are the weighted sums of b and b_error."""
+
+    @property
+    def stage_code(self) -> str:
+        return "loop"
+
+
+def test_looped_stages_of_an_unchained_tableau_agree_in_value_tangents_and_gradient(rober_problem):
+    te = [1.0, 100.0, 1e4]
+    kw = dict(t_eval=te, rtol=1e-8, atol=1e-12)
+    looped = _UnchainedLoopedRodas5P()
+    p0 = rober_problem.parameter_vector()
+    assert looped.resolved_stage_code(rober_problem, jnp.zeros(()), jnp.ones(3), p0) == "loop"
+    a = ds.simulate(rober_problem, **kw)
+    b = ds.simulate(rober_problem, method=looped, **kw)
+    np.testing.assert_allclose(np.asarray(b.ys), np.asarray(a.ys), rtol=1e-9, atol=1e-16)
+
+    def first_state(m, adjoint):
+        return lambda p: jnp.sum(ds.simulate(rober_problem, params=p, method=m, adjoint=adjoint, **kw).ys[:, 0])
+
+    reference = np.asarray(jax.grad(first_state(ds.Rodas5P(), ds.CheckpointAdjoint()))(p0))
+    forward = np.asarray(jax.jacfwd(first_state(looped, ds.ForwardMode()))(p0))
+    reverse = np.asarray(jax.grad(first_state(looped, ds.CheckpointAdjoint()))(p0))
+    np.testing.assert_allclose(forward, reference, rtol=1e-6)
+    np.testing.assert_allclose(reverse, reference, rtol=1e-6)
+    np.testing.assert_allclose(forward, reverse, rtol=1e-9)  # the same discrete solution, two directions
