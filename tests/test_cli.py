@@ -545,6 +545,12 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
                     "--hessian", "hybrid", check=False)  # fmt: skip
     assert proc.returncode == 2
     assert "--hessian hybrid applies to --method fides only (not trf)" in proc.stderr
+    # The file's method is trf and the command line asks for a Hessian: an input error naming the field.
+    (tmp_path / "trf.toml").write_text(DECAY_STUDY.format(sigma=SIGMA) + '\n[fit]\nmethod = "trf"\n')
+    proc = diffsoup("fit", tmp_path / "trf.toml", "-o", tmp_path / "trf", "--in-process", "--hessian", "hybrid",
+                    check=False)  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
     from diffsoup.cli import HESSIANS
     from diffsoup.inference._fides import HESSIANS as FIDES_HESSIANS
 

@@ -243,6 +243,12 @@ def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None) -> dict:
     if s["method"] not in METHODS:
         raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
     if hessian is not None and s["method"] != "fides":
+        if method is None:  # the method is the file's: the file and the override disagree
+            from ..formats import StudyFileError
+
+            raise StudyFileError(f"is {s['method']!r}, and a fides Hessian (hessian={hessian!r}, --hessian) applies to "
+                                 "method 'fides' only: choose method 'fides' as well (--method fides) or leave the "
+                                 "Hessian out.", path=sf.path, field="fit.method")  # fmt: skip
         raise ValueError(f"hessian={hessian!r} applies to method 'fides' only (method is {s['method']!r}).")
     if s["starts"] < 1:
         raise ValueError(f"starts={s['starts']} must be at least 1.")
