@@ -137,6 +137,8 @@ def _check(args) -> int:
         print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
     f = sf.fit
     method = f"fides ({f['hessian']} Hessian)" if f["method"] == "fides" else f["method"]
+    if f["hierarchical"]:
+        method += ", hierarchical" + ("" if f["hierarchical"] is True else f" ({', '.join(f['hierarchical'])})")
     print(f"  fit: {method}, {f['starts']} starts (seed {f['seed']}), max_nfev {f['max_nfev']}, "
           f"objective {f['objective']}")  # fmt: skip
     print(f"  solver: rtol={sf.solver.rtol:g}, atol={sf.solver.atol:g}, max_steps={sf.solver.max_steps}")
@@ -194,7 +196,8 @@ def _fit(args) -> int:
     sf = _load(args)
     with _cluster(args) as (client, _dashboard):  # fit_study prints the dashboard's address
         summary = fit_study(sf, args.out, client=client, method=args.method, starts=args.starts, seed=args.seed,
-                            max_nfev=args.max_nfev, hessian=args.hessian, plots=not args.no_plots)  # fmt: skip
+                            max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
+                            plots=not args.no_plots)  # fmt: skip
     _print_summary(summary, args.out)
     return 0
 
@@ -208,7 +211,8 @@ def _campaign(args) -> int:
         if dashboard:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
-                                 max_nfev=args.max_nfev, hessian=args.hessian, resume=not args.restart,
+                                 max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
+                                 resume=not args.restart,
                                  on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
                                  no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
     c = summary["campaign"]
@@ -261,6 +265,9 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
     p.add_argument("--hessian", choices=HESSIANS,
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
+    p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
+                   help="optimize scaling factors and offsets of observables analytically at each evaluation "
+                   "(default: the file's [fit] hierarchical, false)")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
@@ -343,9 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = sub.add_parser(
         "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
-        description="Fit the estimated parameters of a study file: Latin hypercube starts, trust-region least "
-        "squares with forward-sensitivity Jacobians (or L-BFGS-B with adjoint gradients), the experiments split "
-        "over the Dask workers. Writes OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,"
+        description="Fit the estimated parameters of a study file: Latin hypercube starts, each minimized by "
+        "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities (or scipy's trust-region "
+        "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,"
         "estimates}.png.",
     )  # fmt: skip
     _add_fit_options(fit)

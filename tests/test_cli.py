@@ -116,6 +116,9 @@ def test_campaign_in_process_resumes_from_its_ledger(demo, tmp_path):
     fides = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--method",
                      "fides", "--in-process", check=False)  # fmt: skip
     assert fides.returncode == 2 and "--restart" in fides.stderr
+    hierarchical = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15,
+                            "--hierarchical", "--in-process", check=False)  # fmt: skip
+    assert hierarchical.returncode == 2 and "--restart" in hierarchical.stderr
 
 
 def test_check_reports_a_malformed_file_by_line_and_field(tmp_path):
@@ -555,3 +558,34 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
     from diffsoup.inference._fides import HESSIANS as FIDES_HESSIANS
 
     assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'
+
+
+def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
+    """``--hierarchical`` (or ``[fit] hierarchical``) optimizes the decay study's amplitude A
+    analytically (h = A y is linear in it): the fit and the campaign both reach scipy's
+    closed-form optimum, the summaries say so; naming k, which h is not linear in, fails in one
+    line that names it."""
+    import pandas as pd
+    from fit_helpers import SIGMA, TIMES, data, reference_fit
+
+    (tmp_path / "model.py").write_text(DECAY_MODEL)
+    (tmp_path / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
+    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(tmp_path / "decay.csv", index=False, float_format="%.17g")
+    theta, _, nll = reference_fit(0)
+    for command in ("fit", "campaign"):
+        out = tmp_path / command
+        diffsoup(command, tmp_path / "study.toml", "-o", out, "--in-process", "--starts", 2, "--hierarchical",
+                 "--no-plots")  # fmt: skip
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["hierarchical"] is True and summary["objective"] == pytest.approx(nll, abs=1e-7)
+        got = np.log10([summary["parameters"]["A"], summary["parameters"]["k"]])
+        np.testing.assert_allclose(got, theta, atol=1e-5)
+    (tmp_path / "k.toml").write_text(DECAY_STUDY.format(sigma=SIGMA) + '\n[fit]\nhierarchical = ["k"]\n')
+    proc = diffsoup("fit", tmp_path / "k.toml", "-o", tmp_path / "k-fit", "--in-process", "--no-plots", check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'k' cannot be optimized analytically" in proc.stderr
+    # The campaign's tasks get the setting too: each start fails with the reason (after its progress bar).
+    proc = diffsoup("campaign", tmp_path / "k.toml", "-o", tmp_path / "k-campaign", "--in-process", "--no-plots",
+                    check=False)  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "every start failed" in last and "'k' cannot be optimized analytically" in last

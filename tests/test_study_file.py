@@ -503,3 +503,17 @@ def test_fit_hessian_is_read_checked_and_named_in_errors(tmp_path):
     text = HEAD + fit.replace('"fides"', '"trf"') + EXPERIMENTS
     err = error_of(tmp_path, text)
     assert err.field == "fit.hessian" and 'applies to method "fides" only' in str(err)
+
+
+def test_fit_hierarchical_is_read_checked_and_named_in_errors(tmp_path):
+    """``[fit] hierarchical`` is false by default, true, or estimated parameters' names; anything
+    else (a number, an empty list, a name that is not estimated) is refused with the field's line."""
+    assert load_study(write(tmp_path)).fit["hierarchical"] is False
+    for value, read in (("true", True), ('["k2"]', ("k2",))):
+        text = HEAD + f"\n[fit]\nhierarchical = {value}\n" + EXPERIMENTS
+        assert load_study(write(tmp_path, text)).fit["hierarchical"] == read
+    for value, message in (("1", "must be true, false or a list of parameter names"), ("[]", "is an empty list"),
+                           ('["k3"]', "unknown estimated parameter 'k3'")):  # fmt: skip
+        text = HEAD + f"\n[fit]\nhierarchical = {value}\n" + EXPERIMENTS
+        err = error_of(tmp_path, text)
+        assert err.field == "fit.hierarchical" and err.line == line_of(text, "hierarchical =") and message in str(err)

@@ -35,6 +35,7 @@ Paths are relative to the study file. Every error names the file, the line and t
     [fit]                                # optional defaults of `diffsoup fit` / `campaign`
     method = "fides"                     # fides (default), trf (least squares) or lbfgsb (adjoint)
     hessian = "gauss_newton"             # fides only: gauss_newton (default), hybrid, exact, bfgs, sr1
+    hierarchical = false                 # true (or names): scalings/offsets optimized analytically
     starts = 4
     seed = 0
     max_nfev = 200
@@ -130,7 +131,7 @@ from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._data_files import DataTable, read_data_table
 from ._expressions import EXPRESSION_FUNCTIONS, Observables, read_expressions
-from ._reader import StudyFileError, TomlReader
+from ._reader import StudyFileError, TomlReader, kind
 
 FORMAT = "diffsoup-study/1"
 FORMAT_2 = "diffsoup-study/2"
@@ -142,7 +143,7 @@ TOP_KEYS = ("format", "name", "description", "levels", "model", "observables", "
 MODEL_KEYS = ("species", "reactions", "parameters", "y0", "python", "linear_solver", "precision")
 SOLVER_KEYS = ("rtol", "atol", "max_steps", "checkpoints")
 NOISE_KEYS = ("model", "sigma")
-FIT_KEYS = ("method", "hessian", "starts", "seed", "max_nfev", "objective")
+FIT_KEYS = ("method", "hessian", "hierarchical", "starts", "seed", "max_nfev", "objective")
 PARAMETER_KEYS = ("name", "nominal", "lower", "upper", "scale", "estimate", "level")
 EXPERIMENT_KEYS = ("id", "data", "observables", "y0", "conditions", "parameters", "groups", "noise", "t0",
                    "multishoot")  # fmt: skip
@@ -166,7 +167,7 @@ OBJECTIVES = ("nll", "chi2")
 PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
 # The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
 DEFAULT_FIT = {"method": DEFAULT_METHOD, "hessian": DEFAULT_HESSIAN, "starts": 4, "seed": 0, "max_nfev": None,
-               "objective": "nll"}
+               "objective": "nll", "hierarchical": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +286,8 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
         raise r.error(("parameters",), "give at least one [[parameters]] table (name, nominal, lower, upper)")
     parameters = [_parameter(r, p, ("parameters", i), levels) for i, p in enumerate(raw_parameters)]
     study_names = {p.name for p in parameters}
+    for name in fit["hierarchical"] if isinstance(fit["hierarchical"], tuple) else ():
+        r.known(name, [p.name for p in parameters if p.estimate], ("fit", "hierarchical"), "estimated parameter")
     raw_experiments = doc.get("experiments", None)
     if "experiment_table" in doc:
         if raw_experiments is not None:
@@ -589,7 +592,21 @@ def _fit(r: TomlReader, table: dict) -> dict:
         "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
         "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
         "objective": r.string(table.get("objective", DEFAULT_FIT["objective"]), ("fit", "objective"), OBJECTIVES),
+        "hierarchical": _hierarchical(r, table.get("hierarchical", DEFAULT_FIT["hierarchical"])),
     }
+
+
+def _hierarchical(r: TomlReader, value: Any) -> bool | tuple[str, ...]:
+    """``[fit] hierarchical``: true, false, or the names of the parameters to optimize analytically
+    (checked against the estimated parameters once those are read)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, list):
+        names = r.names(value, ("fit", "hierarchical"))
+        if not names:
+            raise r.error(("fit", "hierarchical"), "is an empty list; write false, true or the parameters' names")
+        return tuple(names)
+    raise r.error(("fit", "hierarchical"), f"must be true, false or a list of parameter names, not {kind(value)}")
 
 
 def _noise(r: TomlReader, table: Any, field: tuple, version: int = 1):

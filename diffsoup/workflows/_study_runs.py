@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -174,7 +174,8 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
 
 def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = None, starts: int | None = None,
               seed: int | None = None, max_nfev: int | None = None, hessian: str | None = None,
-              progress: bool = True, plots: bool = True, log: Callable = print) -> dict:  # fmt: skip
+              hierarchical: bool | Sequence[str] | None = None, progress: bool = True, plots: bool = True,
+              log: Callable = print) -> dict:  # fmt: skip
     """Fit a study file: multistart, the study lowered over the workers of ``client`` (by
     ``ds.distributed.run``: each worker holds a shard of the experiments) or, with
     ``client=None``, in this process.
@@ -183,8 +184,9 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         study: the study file (a path or a loaded ``StudyFile``).
         out: the output directory (created).
         client: a ``distributed.Client``, or None to fit here.
-        method, starts, seed, max_nfev, hessian: override the file's ``[fit]`` settings (``hessian``:
-            fides' Hessian, ``ds.inference.Fides(hessian=...)``; with method fides only).
+        method, starts, seed, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings
+            (``hessian``: fides' Hessian, ``ds.inference.Fides(hessian=...)``, with method fides only;
+            ``hierarchical``: as for ``ds.inference.fit``, True or the parameters' names).
         progress: progress bars on stderr.
         plots: write the PNG plots.
         log: where progress lines go.
@@ -201,14 +203,15 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = _settings(sf, method, starts, seed, max_nfev, hessian)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
         f"{sum(p.estimate for p in sf.study.parameters)} estimated parameters, {settings['starts']} starts "
         f"({_method_label(settings)}), {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
-    extra: dict[str, Any] = {"where": _describe(client) if client is not None else "in-process", **_hessian_entry(settings)}
+    extra: dict[str, Any] = {"where": _describe(client) if client is not None else "in-process", **_fit_entries(settings)}
     start = time.perf_counter()
     fit_options = dict(method=_optimizer(settings), starts=settings["starts"], seed=settings["seed"],
-                       max_nfev=settings["max_nfev"], progress=progress)  # fmt: skip
+                       max_nfev=settings["max_nfev"], hierarchical=settings["hierarchical"],
+                       progress=progress)  # fmt: skip
     if client is None:
         lowered = sf.lower()
         result = _fit_or_explain(sf, fit, lowered, fit_options)
@@ -232,12 +235,12 @@ def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, 
         raise
 
 
-def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None) -> dict:
+def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchical=None) -> dict:
     from ..inference._fit import METHODS
 
     s = dict(sf.fit)
     for key, value in (("method", method), ("starts", starts), ("seed", seed), ("max_nfev", max_nfev),
-                       ("hessian", hessian)):  # fmt: skip
+                       ("hessian", hessian), ("hierarchical", hierarchical)):  # fmt: skip
         if value is not None:
             s[key] = value
     if s["method"] not in METHODS:
@@ -263,12 +266,16 @@ def _optimizer(settings: Mapping[str, Any]) -> Any:
 
 
 def _method_label(settings: Mapping[str, Any]) -> str:
-    return f"fides, {settings['hessian']} Hessian" if settings["method"] == "fides" else settings["method"]
+    label = f"fides, {settings['hessian']} Hessian" if settings["method"] == "fides" else settings["method"]
+    return label + (", hierarchical" if settings["hierarchical"] else "")
 
 
-def _hessian_entry(settings: Mapping[str, Any]) -> dict:
-    """The summary's ``hessian`` entry (fides' Hessian), empty for the other methods."""
-    return {"hessian": settings["hessian"]} if settings["method"] == "fides" else {}
+def _fit_entries(settings: Mapping[str, Any]) -> dict:
+    """The summary's ``hessian`` (fides' Hessian; not there for the other methods) and
+    ``hierarchical`` (false, true or the names) entries."""
+    h = settings["hierarchical"]
+    return {**({"hessian": settings["hessian"]} if settings["method"] == "fides" else {}),
+            "hierarchical": h if isinstance(h, bool) else list(h)}  # fmt: skip
 
 
 def _describe(client: Any) -> str:
@@ -308,7 +315,8 @@ class FitStartTask:
             _LOWERED[key] = _study_file(self.study_path).lower()
         lowered = _LOWERED[key]
         x0 = np.asarray(item["x0"], dtype=np.float64)
-        result = fit(lowered, starts=x0[None], method=self.method, max_nfev=self.max_nfev)
+        result = fit(lowered, starts=x0[None], method=self.method, max_nfev=self.max_nfev,
+                     hierarchical=item.get("hierarchical", False))  # fmt: skip
         s = result.starts[0]
         return {
             "x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
@@ -322,7 +330,8 @@ class FitStartTask:
 
 def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | None = None, seed: int | None = None,
                    method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
-                   resume: bool = True, on_conflict: str = "error", progress: bool = True, plots: bool = True,
+                   hierarchical: bool | Sequence[str] | None = None, resume: bool = True,
+                   on_conflict: str = "error", progress: bool = True, plots: bool = True,
                    log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
     """A multistart campaign on a study file: each start is a ``checkpointed_map`` task (a Dask task
     on a worker offering ``GPU=1`` when ``client`` is given, else run here), recorded in the ledger
@@ -333,7 +342,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         study: the study file (a path or a loaded ``StudyFile``).
         out: the output directory (holds the ledger).
         client: a ``distributed.Client``, or None to run the starts here one after another.
-        starts, seed, method, max_nfev, hessian: override the file's ``[fit]`` settings (as for
+        starts, seed, method, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings (as for
             :func:`fit_study`); the start points are Latin hypercube samples fixed by ``seed``.
         resume, on_conflict: as for ``checkpointed_map``.
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
@@ -356,7 +365,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     sf = _study_file(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = _settings(sf, method, starts, seed, max_nfev, hessian)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
 
     solves_before = window_solves()
     # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
@@ -364,11 +373,13 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     lowered = sf.lower()
     points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
-    # The optimizer with its options is part of each item, so a rerun with another method, Hessian
-    # or evaluation cap is a ledger conflict (resume refused, --restart offered), not a silent reuse.
+    # The optimizer with its options is part of each item, so a rerun with another method, Hessian,
+    # evaluation cap or hierarchical choice is a ledger conflict (resume refused, --restart
+    # offered), not a silent reuse.
     optimizer = optimizer_of(_optimizer(settings), max_nfev=settings["max_nfev"])
+    hier = settings["hierarchical"] if isinstance(settings["hierarchical"], bool) else list(settings["hierarchical"])
     items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest,
-              "optimizer": repr(optimizer)} for i, p in enumerate(points)]  # fmt: skip
+              "optimizer": repr(optimizer), "hierarchical": hier} for i, p in enumerate(points)]  # fmt: skip
     ledger = out / "campaign.json"
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
@@ -421,7 +432,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
             "window_solves": int(solves),
             "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
         },
-        **_hessian_entry(settings),
+        **_fit_entries(settings),
     }  # fmt: skip
     return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
 
