@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -739,16 +740,28 @@ def _device_sum(values):
 def gauss_newton_sums(chunks, n_theta: int):
     """``(r^T r, J^T r, J^T J)`` over chunks of residuals ``(lanes, R)`` and their Jacobians
     ``(lanes, R, n_theta)``, formed on the device chunk by chunk (only ``(n_theta, n_theta)``
-    comes back); padding lanes hold zeros and add nothing."""
+    comes back); padding lanes hold zeros and add nothing. One jitted call: the dozen eager
+    operations it replaces cost about 7 % of a small study's Gauss-Newton evaluation (Bruno's)."""
+    return _gauss_newton_sums_program()(tuple((r, J) for r, J in chunks))
+
+
+@functools.cache
+def _gauss_newton_sums_program():
+    import jax
     import jax.numpy as jnp
 
-    ss, jtr, jtj = jnp.zeros(()), jnp.zeros(n_theta), jnp.zeros((n_theta, n_theta))
-    for r, J in chunks:
-        r2, J2 = r.reshape(-1), J.reshape(-1, n_theta)
-        ss = ss + jnp.dot(r2, r2)
-        jtr = jtr + J2.T @ r2
-        jtj = jtj + J2.T @ J2
-    return ss, jtr, jtj
+    @jax.jit
+    def sums(chunks):
+        n_theta = chunks[0][1].shape[-1]
+        ss, jtr, jtj = jnp.zeros(()), jnp.zeros(n_theta), jnp.zeros((n_theta, n_theta))
+        for r, J in chunks:  # per chunk, not concatenated: a GPU study's chunks are large
+            r2, J2 = r.reshape(-1), J.reshape(-1, n_theta)
+            ss = ss + jnp.dot(r2, r2)
+            jtr = jtr + J2.T @ r2
+            jtj = jtj + J2.T @ J2
+        return ss, jtr, jtj
+
+    return sums
 
 
 def lower(
