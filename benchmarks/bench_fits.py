@@ -12,8 +12,8 @@ exactly these points (no start is replaced), at the same solver tolerances (rtol
 * pyPESTO + fides + AMICI, in a subprocess of the interpreter that has them (``--amici-python``;
   default ``/work/amici-venv/bin/python`` when it exists): ``PetabImporter.create_problem()``
   (AMICI builds and compiles the model: "build", reported apart), then one
-  ``pypesto.optimize.minimize`` with ``FidesOptimizer()`` (its defaults: the AMICI objective's
-  Fisher information as Hessian) per start (``_pypesto_fits.py`` says exactly what is timed).
+  ``pypesto.optimize.minimize`` with ``FidesOptimizer()`` (its defaults: fides' options and
+  ``HybridFixed``, the Fisher information for 20 iterations, then BFGS) per start (``_pypesto_fits.py`` says exactly what is timed).
 
 Every start's end point is then evaluated by one judge, diffsoup's objective at rtol = atol =
 1e-10 (each tool's own value carries its solver's error at 1e-8: on Fujita AMICI's is 0.01 off at
@@ -35,10 +35,13 @@ objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
 
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
                                     [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
-                                    [--hierarchical]
+                                    [--hierarchical] [--reuse-pypesto EARLIER.json]
 
 ``--hierarchical`` also runs each method with ``fit(hierarchical=True)`` (scaling factors and
-offsets optimized analytically; rows "M hierarchical"), from the same starts.
+offsets optimized analytically; rows "M hierarchical"), from the same starts. ``--reuse-pypesto``
+takes pyPESTO's rows from an earlier run's JSON where that run had the same problem, start points
+and tolerances (pyPESTO's side does not change with diffsoup's code; a Fujita run of 20 starts
+takes it 12 minutes); such rows carry ``reused_from``.
 
 ``--quick`` (about 10 minutes on a 2-core CPU): 8 starts on Boehm and Bruno, the two problems
 whose starts take seconds (a start on Brannmark, Fujita or Weber takes one to several minutes with
@@ -150,6 +153,19 @@ def bench_pypesto(name: str, names, points: np.ndarray, python: str | None) -> d
         wall = sum(s["seconds"] for s in out["starts"])
         print(f"[bench_fits]   {PYPESTO}: best {best:.6f}, {wall:.1f} s, build {out['build_s']:.1f} s", flush=True)
     return out
+
+
+def earlier_pypesto(path: Path, name: str, points: np.ndarray) -> dict | None:
+    """pyPESTO's results for ``name`` from an earlier run's JSON, when that run started from the same
+    points at the same tolerances (pyPESTO's side does not change with diffsoup's code); else None."""
+    earlier = json.loads(Path(path).read_text())
+    row = earlier.get("results", {}).get(name)
+    if (row is None or PYPESTO not in row or row[PYPESTO] is None or "error" in row[PYPESTO]
+            or (earlier.get("rtol"), earlier.get("atol")) != (RTOL, ATOL)
+            or not np.array_equal(np.asarray(row["start_points"]), np.asarray(points))):  # fmt: skip
+        return None
+    print(f"[bench_fits]   {PYPESTO}: reused from {path}", flush=True)
+    return {**row[PYPESTO], "reused_from": str(path)}
 
 
 def end_points(d: dict, p: dict | None, names) -> dict:
@@ -286,6 +302,9 @@ def main() -> None:
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
     parser.add_argument("--hierarchical", action="store_true",
                         help="also run each method with fit(hierarchical=True): scalings and offsets optimized analytically")
+    parser.add_argument("--reuse-pypesto", type=Path, metavar="JSON",
+                        help="take pyPESTO's results from an earlier run's JSON where it holds the same problem, start "
+                        "points and tolerances (marked 'reused_from'); the others are run")  # fmt: skip
     parser.add_argument("--json", type=Path, help="where the results go (default benchmarks/results/bench_fits.json, "
                         "bench_fits_quick.json for --quick)")  # fmt: skip
     args = parser.parse_args()
@@ -315,7 +334,9 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         d = bench_diffsoup(problem, points, args.methods, args.hierarchical)
-        p = bench_pypesto(name, problem.theta_names, points, python)
+        p = earlier_pypesto(args.reuse_pypesto, name, points) if args.reuse_pypesto else None
+        if p is None:
+            p = bench_pypesto(name, problem.theta_names, points, python)
         judged = judge(problem, end_points(d, p, problem.theta_names))
         results[name] = {"theta_names": list(problem.theta_names), "start_points": points.tolist(), "diffsoup": d,
                          PYPESTO: p, "compare": compare(name, d, p, judged)}  # fmt: skip

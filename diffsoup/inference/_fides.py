@@ -45,8 +45,12 @@ class Fides(AbstractOptimizer):
         max_evaluations: most iterations, one trial point each (fides' ``maxiter``).
         max_seconds: wall-time limit per start (fides' ``maxtime``).
         fatol, frtol: stop when an accepted step changes the objective by less than
-            ``fatol + frtol |f|``. The objective is a negative log-likelihood, so ``fatol`` is in
-            its units: 1e-6 is far below what a confidence interval resolves (1.92 for 95%).
+            ``fatol + frtol |f|`` (fides' own defaults, which pyPESTO keeps). Looser is faster and
+            stops short in flat valleys: from one Fujita start ``fatol=1e-6`` ended 0.0044 above
+            the valley's floor after 265 iterations, 1e-8 0.0019 above after 282 and ``fatol =
+            frtol = 0`` (stop on the gradient or the radius) reached it after 433; on Bruno's 20
+            starts 1e-8 took 5 % more evaluations than 1e-6 and ``0`` 87 % more, each converging
+            15.
         gatol, grtol: stop when the (bound-scaled) gradient norm is below ``gatol`` or ``grtol |f|``.
         xtol: stop when an accepted step is shorter than this (0: never).
         subspace: the trust-region subproblem's subspace, ``"2D"``, ``"full"`` or ``"scg"``.
@@ -62,7 +66,7 @@ class Fides(AbstractOptimizer):
     hessian: str = DEFAULT_HESSIAN
     max_evaluations: int = 1000
     max_seconds: float = math.inf
-    fatol: float = 1e-6
+    fatol: float = 1e-8
     frtol: float = 1e-8
     gatol: float = 1e-6
     grtol: float = 0.0
