@@ -155,10 +155,10 @@ def bench_pypesto(name: str, names, points: np.ndarray, python: str | None) -> d
     return out
 
 
-def earlier_pypesto(path: Path, name: str, points: np.ndarray) -> dict | None:
-    """pyPESTO's results for ``name`` from an earlier run's JSON, when that run started from the same
-    points at the same tolerances (pyPESTO's side does not change with diffsoup's code); else None."""
-    earlier = json.loads(Path(path).read_text())
+def earlier_pypesto(path: Path, earlier: dict, name: str, points: np.ndarray) -> dict | None:
+    """pyPESTO's results for ``name`` from an earlier run's JSON (``earlier``, read from ``path``),
+    when that run started from the same points at the same tolerances (pyPESTO's side does not
+    change with diffsoup's code); else None."""
     row = earlier.get("results", {}).get(name)
     if (row is None or PYPESTO not in row or row[PYPESTO] is None or "error" in row[PYPESTO]
             or (earlier.get("rtol"), earlier.get("atol")) != (RTOL, ATOL)
@@ -322,6 +322,8 @@ def main() -> None:
     machine = machine_info()
     t_all = time.perf_counter()
     results: dict = {}
+    # Read before this run writes: the output may be the file reused.
+    earlier = json.loads(args.reuse_pypesto.read_text()) if args.reuse_pypesto else {}
     out = args.json or RESULTS / ("bench_fits_quick.json" if args.quick else "bench_fits.json")
 
     def save(results: dict, *, complete: bool, table: str | None = None) -> None:
@@ -334,7 +336,7 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         d = bench_diffsoup(problem, points, args.methods, args.hierarchical)
-        p = earlier_pypesto(args.reuse_pypesto, name, points) if args.reuse_pypesto else None
+        p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)
         judged = judge(problem, end_points(d, p, problem.theta_names))
