@@ -245,6 +245,8 @@ def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchica
             s[key] = value
     if s["method"] not in METHODS:
         raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
+    h = s["hierarchical"]  # kept as JSON writes it: the summary and the campaign's ledger hold it
+    s["hierarchical"] = h if isinstance(h, bool) else [h] if isinstance(h, str) else list(h)
     if hessian is not None and s["method"] != "fides":
         if method is None:  # the method is the file's: the file and the override disagree
             from ..formats import StudyFileError
@@ -273,9 +275,8 @@ def _method_label(settings: Mapping[str, Any]) -> str:
 def _fit_entries(settings: Mapping[str, Any]) -> dict:
     """The summary's ``hessian`` (fides' Hessian; not there for the other methods) and
     ``hierarchical`` (false, true or the names) entries."""
-    h = settings["hierarchical"]
     return {**({"hessian": settings["hessian"]} if settings["method"] == "fides" else {}),
-            "hierarchical": h if isinstance(h, bool) else list(h)}  # fmt: skip
+            "hierarchical": settings["hierarchical"]}  # fmt: skip
 
 
 def _describe(client: Any) -> str:
@@ -377,9 +378,8 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # evaluation cap or hierarchical choice is a ledger conflict (resume refused, --restart
     # offered), not a silent reuse.
     optimizer = optimizer_of(_optimizer(settings), max_nfev=settings["max_nfev"])
-    hier = settings["hierarchical"] if isinstance(settings["hierarchical"], bool) else list(settings["hierarchical"])
     items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest,
-              "optimizer": repr(optimizer), "hierarchical": hier} for i, p in enumerate(points)]  # fmt: skip
+              "optimizer": repr(optimizer), "hierarchical": settings["hierarchical"]} for i, p in enumerate(points)]  # fmt: skip
     ledger = out / "campaign.json"
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
