@@ -352,8 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
         description="Fit the estimated parameters of a study file: Latin hypercube starts, each minimized by "
         "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities (or scipy's trust-region "
-        "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,"
-        "estimates}.png.",
+        "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes "
+        "OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,estimates}.png.",
     )  # fmt: skip
     _add_fit_options(fit)
     fit.set_defaults(func=_fit)
