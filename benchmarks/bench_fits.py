@@ -13,7 +13,8 @@ exactly these points (no start is replaced), at the same solver tolerances (rtol
   default ``/work/amici-venv/bin/python`` when it exists): ``PetabImporter.create_problem()``
   (AMICI builds and compiles the model: "build", reported apart), then one
   ``pypesto.optimize.minimize`` with ``FidesOptimizer()`` (its defaults: fides' options and
-  ``HybridFixed``, the Fisher information for 20 iterations, then BFGS) per start (``_pypesto_fits.py`` says exactly what is timed).
+  ``HybridFixed``, the Fisher information for 20 iterations, then BFGS) per start
+  (``_pypesto_fits.py`` says exactly what is timed).
 
 Every start's end point is then evaluated by one judge, diffsoup's objective at rtol = atol =
 1e-10 (each tool's own value carries its solver's error at 1e-8: on Fujita AMICI's is 0.01 off at

@@ -429,17 +429,25 @@ data = "decay.csv"
 '''
 
 
-def fitted_decay_study(folder):
-    """The decay model and data set 0 of tests/fit_helpers.py as a study file in ``folder``, fitted
-    into ``folder/fit`` (in this process); returns the fit's summary."""
+def write_decay_study(folder, fit: str = ""):
+    """The decay model and data set 0 of tests/fit_helpers.py as ``folder/study.toml`` (with
+    ``fit`` appended: a ``[fit]`` table), its model and data file beside it; returns the path."""
     import pandas as pd
     from fit_helpers import SIGMA, TIMES, data
 
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(DECAY_MODEL)
+    (folder / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA) + fit)
+    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(folder / "decay.csv", index=False, float_format="%.17g")
+    return folder / "study.toml"
+
+
+def fitted_decay_study(folder):
+    """The decay study of :func:`write_decay_study` in ``folder``, fitted into ``folder/fit`` (in
+    this process); returns the fit's summary."""
     from diffsoup.workflows import fit_study
 
-    (folder / "model.py").write_text(DECAY_MODEL)
-    (folder / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
-    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(folder / "decay.csv", index=False, float_format="%.17g")
+    write_decay_study(folder)
     return fit_study(folder / "study.toml", folder / "fit", method="fides", starts=2, progress=False, plots=False,
                      log=lambda line: None)  # fmt: skip
 
@@ -528,12 +536,9 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
     """``diffsoup fit --hessian hybrid`` (pyPESTO's default Hessian) reaches scipy's closed-form
     optimum of the decay study like the default Gauss-Newton run, and the summary says which
     Hessian ran; ``--hessian`` with another method is refused in one line."""
-    import pandas as pd
-    from fit_helpers import SIGMA, TIMES, data, reference_fit
+    from fit_helpers import reference_fit
 
-    (tmp_path / "model.py").write_text(DECAY_MODEL)
-    (tmp_path / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
-    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(tmp_path / "decay.csv", index=False, float_format="%.17g")
+    write_decay_study(tmp_path)
     theta, _, nll = reference_fit(0)
     for hessian in ("gauss_newton", "hybrid"):
         out = tmp_path / hessian
@@ -549,8 +554,8 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
     assert proc.returncode == 2
     assert "--hessian hybrid applies to --method fides only (not trf)" in proc.stderr
     # The file's method is trf and the command line asks for a Hessian: an input error naming the field.
-    (tmp_path / "trf.toml").write_text(DECAY_STUDY.format(sigma=SIGMA) + '\n[fit]\nmethod = "trf"\n')
-    proc = diffsoup("fit", tmp_path / "trf.toml", "-o", tmp_path / "trf", "--in-process", "--hessian", "hybrid",
+    trf = write_decay_study(tmp_path / "trf", '\n[fit]\nmethod = "trf"\n')
+    proc = diffsoup("fit", trf, "-o", tmp_path / "trf" / "out", "--in-process", "--hessian", "hybrid",
                     check=False)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
@@ -565,12 +570,9 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
     analytically (h = A y is linear in it): the fit and the campaign both reach scipy's
     closed-form optimum, the summaries say so; naming k, which h is not linear in, fails in one
     line that names it."""
-    import pandas as pd
-    from fit_helpers import SIGMA, TIMES, data, reference_fit
+    from fit_helpers import reference_fit
 
-    (tmp_path / "model.py").write_text(DECAY_MODEL)
-    (tmp_path / "study.toml").write_text(DECAY_STUDY.format(sigma=SIGMA))
-    pd.DataFrame({"time": TIMES, "h": data(0)[:, 0]}).to_csv(tmp_path / "decay.csv", index=False, float_format="%.17g")
+    write_decay_study(tmp_path)
     theta, _, nll = reference_fit(0)
     for command in ("fit", "campaign"):
         out = tmp_path / command
@@ -580,12 +582,12 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
         assert summary["hierarchical"] is True and summary["objective"] == pytest.approx(nll, abs=1e-7)
         got = np.log10([summary["parameters"]["A"], summary["parameters"]["k"]])
         np.testing.assert_allclose(got, theta, atol=1e-5)
-    (tmp_path / "k.toml").write_text(DECAY_STUDY.format(sigma=SIGMA) + '\n[fit]\nhierarchical = ["k"]\n')
-    proc = diffsoup("fit", tmp_path / "k.toml", "-o", tmp_path / "k-fit", "--in-process", "--no-plots", check=False)
+    k_study = write_decay_study(tmp_path / "k", '\n[fit]\nhierarchical = ["k"]\n')
+    proc = diffsoup("fit", k_study, "-o", tmp_path / "k-fit", "--in-process", "--no-plots", check=False)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'k' cannot be optimized analytically" in proc.stderr
     # The campaign's tasks get the setting too: each start fails with the reason (after its progress bar).
-    proc = diffsoup("campaign", tmp_path / "k.toml", "-o", tmp_path / "k-campaign", "--in-process", "--no-plots",
+    proc = diffsoup("campaign", k_study, "-o", tmp_path / "k-campaign", "--in-process", "--no-plots",
                     check=False)  # fmt: skip
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "every start failed" in last and "'k' cannot be optimized analytically" in last

@@ -671,7 +671,7 @@ class LoweredStudy(AbstractLoweredStudy):
                                 **self._bookkeeping(orders, st, ns))  # fmt: skip
         if mode == "gauss_newton":
             outs, orders = self._dispatch("jacobian", theta)
-            sums = gauss_newton_sums([(o[0], o[1]) for o in outs], self.problem.n_theta)
+            sums = gauss_newton_sums([(o[0], o[1]) for o in outs])
             (ss, jtr, jtj), st, ns = jax.device_get((sums, [o[2] for o in outs], [o[3] for o in outs]))
             return GaussNewtonPart(sum_sq=float(ss), jtr=np.asarray(jtr), jtj=np.asarray(jtj),
                                    **self._bookkeeping(orders, st, ns))  # fmt: skip
@@ -737,7 +737,7 @@ def _device_sum(values):
     return total
 
 
-def gauss_newton_sums(chunks, n_theta: int):
+def gauss_newton_sums(chunks):
     """``(r^T r, J^T r, J^T J)`` over chunks of residuals ``(lanes, R)`` and their Jacobians
     ``(lanes, R, n_theta)``, formed on the device chunk by chunk (only ``(n_theta, n_theta)``
     comes back); padding lanes hold zeros and add nothing. One jitted call: the dozen eager
