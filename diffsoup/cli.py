@@ -234,7 +234,7 @@ def _profile(args) -> int:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
         summary = profile_study(sf, args.out, from_fit=args.from_fit, parameters=parameters,
                                 confidence=args.confidence, simultaneous=args.simultaneous, method=args.method,
-                                max_steps=args.max_steps, client=client, resume=not args.restart,
+                                max_steps=args.max_steps, hierarchical=args.hierarchical, client=client, resume=not args.restart,
                                 on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
                                 no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
     c = summary["campaign"]
@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--method", choices=FIT_METHODS, default="fides",
                          help="the re-optimization at each profile point (default fides)")  # fmt: skip
     profile.add_argument("--max-steps", type=int, help="most profile points per direction (default 40)")
+    profile.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
+                         help="optimize offsets and scaling factors analytically at each profile point (default: the "
+                         "file's [fit] hierarchical, false)")  # fmt: skip
     profile.add_argument("--no-plots", action="store_true", help="do not write the PNG plot")
     profile.add_argument("--restart", action="store_true", help="discard the ledger (kept as a .bak) and rerun all")
     _add_where_options(profile)

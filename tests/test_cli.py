@@ -499,6 +499,16 @@ def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, c
     assert wider["lower"] < table.loc["k", "lower"] and wider["upper"] > table.loc["k", "upper"]
     lo, hi = closed_form_interval(0, 1, 0.5 * 6.634896601021214)  # chi2.ppf(0.99, 1) / 2
     assert abs(wider["lower"] - lo) < 5e-3 * fit["standard_errors"]["k"]
+    # --hierarchical: A (h is linear in it) optimized analytically at each point; the same intervals.
+    assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o",
+                     str(tmp_path / "analytic"), "--in-process", "--hierarchical", "--no-plots"]) == 0  # fmt: skip
+    assert "re-optimized by fides, hierarchical" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "analytic" / "summary.json").read_text())
+    assert summary["hierarchical"] is True
+    for i, name in enumerate(["A", "k"]):
+        lo, hi = closed_form_interval(0, i, summary["delta"])
+        row, se = summary["intervals"][name], fit["standard_errors"][name]
+        assert abs(row["lower"] - lo) < 5e-3 * se and abs(row["upper"] - hi) < 5e-3 * se, (name, row, lo, hi)
 
 
 @pytest.mark.slow
@@ -586,8 +596,9 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
     proc = diffsoup("fit", k_study, "-o", tmp_path / "k-fit", "--in-process", "--no-plots", check=False)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'k' cannot be optimized analytically" in proc.stderr
-    # The campaign's tasks get the setting too: each start fails with the reason (after its progress bar).
+    # The campaign checks the named parameters once, before any task runs (no ledger is written).
     proc = diffsoup("campaign", k_study, "-o", tmp_path / "k-campaign", "--in-process", "--no-plots",
                     check=False)  # fmt: skip
-    last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 1 and "every start failed" in last and "'k' cannot be optimized analytically" in last
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'k' cannot be optimized analytically" in proc.stderr
+    assert not (tmp_path / "k-campaign" / "campaign.json").exists()

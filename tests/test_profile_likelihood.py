@@ -49,6 +49,32 @@ def test_profile_intervals_match_the_closed_form_profile():
     assert prof.better is None
 
 
+def test_hierarchical_profiles_match_the_closed_form_profile():
+    """With ``hierarchical=True`` the amplitude A (h = A y is linear in it) is optimized
+    analytically at every point: A's profile re-optimizes k numerically, k's profile has nothing
+    left for the optimizer (A alone, analytically). Both intervals match scipy's closed-form
+    profile; every point's A is the closed-form optimum for its k; naming k (not linear) fails once,
+    before any task runs."""
+    low = ds.lower(decay_study(0), solver=SOLVER)
+    result = ds.inference.fit(low, starts=2, seed=0)
+    prof = ds.inference.profile(low, result, options=ProfileOptions(hierarchical=True))
+    assert set(prof.profiles) == {"A", "k"} and not prof.failures
+    for i, name in enumerate(low.theta_names):
+        p = prof.profiles[name]
+        lo, hi = closed_form_interval(0, i, prof.delta)
+        assert p.reasons == ("crossed", "crossed")
+        assert abs(p.lower - lo) < 5e-3 * result.standard_errors[name], (name, p.lower, lo)
+        assert abs(p.upper - hi) < 5e-3 * result.standard_errors[name], (name, p.upper, hi)
+    d = data(0)[:, 0]
+    for theta in prof.profiles["k"].points:  # A at the closed-form least-squares optimum given k
+        y = np.exp(-(10.0 ** theta[1]) * TIMES)
+        assert 10.0 ** theta[0] == pytest.approx(float(y @ d) / float(y @ y), rel=1e-7)
+    with pytest.raises(ValueError, match="'k' cannot be optimized analytically"):
+        ds.inference.profile(low, result, options=ProfileOptions(hierarchical=("k",)))
+    with pytest.raises(TypeError, match="hierarchical"):
+        ProfileOptions(hierarchical=[1])
+
+
 def test_profile_interval_covers_the_truth_at_its_confidence_over_50_data_sets():
     covered = np.zeros(2, dtype=int)
     for seed in range(50):

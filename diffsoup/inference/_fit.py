@@ -331,6 +331,10 @@ def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: A
         return StartResult(theta0, theta0, float("inf"), False, "a solve failed at the start point",
                            objective.n_evaluations, 0, time.perf_counter() - start, objective.failure_summary(),
                            resampled)  # fmt: skip
+    if objective.free.size == 0:  # a profile whose other parameters are all optimized analytically
+        return StartResult(theta0, objective.theta(theta0[objective.free]), float(f0), True,
+                           "the other parameters were optimized analytically", objective.n_evaluations, 0,
+                           time.perf_counter() - start, objective.failure_summary(), resampled)  # fmt: skip
     out = optimizer.minimize(objective, theta0[objective.free], f0)
     if out.value > f0:  # an optimizer may end above its start (L-BFGS-B on a penalized point): keep the start
         out = out._replace(x=theta0[objective.free], value=f0)

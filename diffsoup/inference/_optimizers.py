@@ -80,7 +80,7 @@ class StartObjective:
         self.linear = linear.without(fixed) if linear is not None else None
         profiled = set() if self.linear is None else set(self.linear.indices.tolist())
         self.free = np.array([i for i in range(k) if i not in fixed and i not in profiled], dtype=np.int64)
-        if self.free.size == 0:
+        if self.free.size == 0 and self.linear is None:
             raise ValueError("StartObjective: every coordinate is fixed; nothing to optimize.")
         self._template = np.asarray(lowered.nominal, dtype=np.float64).copy()
         for i, v in fixed.items():

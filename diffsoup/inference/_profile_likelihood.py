@@ -15,7 +15,10 @@ direction), its step adapted so that each one raises the profile by about
 ``step_increase * Delta``. It stops past the threshold, at the parameter's bound (the interval is
 then open on that side), or after ``max_steps``; the crossing is then located by safeguarded
 interpolation between the last points below and above the threshold, each trial a re-optimization,
-until the profile there is within ``crossing_tolerance`` of the threshold.
+until the profile there is within ``crossing_tolerance`` of the threshold. With
+``ProfileOptions(hierarchical=...)`` the offsets and scaling factors the residuals are affine in
+are optimized analytically at every point (as ``fit(hierarchical=...)`` does), the optimizer
+moving only the rest; the profiled parameter itself is held fixed even when it is one of them.
 
 The distributed driver (``ds.inference.profile``, one ``checkpointed_map`` task per parameter)
 lives in :mod:`diffsoup.distributed._profile_runs`; this module runs one profile in this process.
@@ -33,6 +36,7 @@ import numpy as np
 from ._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
 from ._fit import run_start
+from ._hierarchical import LinearParameters
 from ._optimizers import AbstractOptimizer
 
 PROFILES_FORMAT = "diffsoup.profiles/1"
@@ -70,6 +74,10 @@ class ProfileOptions:
         refine_iterations: most re-optimizations spent locating each crossing.
         better_tolerance: a profile point this far below the optimum is a better optimum (the
             fit had not converged); it is reported in ``ProfileResult.better``.
+        hierarchical: False, True (every parameter the residuals are affine in: offsets and
+            scaling factors of observables) or the names of such parameters, optimized
+            analytically at each profile point (``fit(hierarchical=...)``'s rule; checked at the
+            optimum when a profile starts).
 
     Raises:
         ValueError: naming the field, for values outside their ranges.
@@ -85,8 +93,18 @@ class ProfileOptions:
     crossing_tolerance: float = 1e-2
     refine_iterations: int = 8
     better_tolerance: float = 1e-3
+    hierarchical: bool | tuple[str, ...] = False
 
     def __post_init__(self):
+        if not isinstance(self.hierarchical, bool):
+            names = (self.hierarchical,) if isinstance(self.hierarchical, str) else self.hierarchical
+            try:
+                names = tuple(names)
+            except TypeError:
+                names = None
+            if not names or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"ProfileOptions: hierarchical={self.hierarchical!r} must be True, False or parameter names.")
+            object.__setattr__(self, "hierarchical", names)
         if not 0.0 < float(self.confidence) < 1.0:
             raise ValueError(f"ProfileOptions: confidence={self.confidence!r} must lie in (0, 1).")
         if not isinstance(self.optimizer, AbstractOptimizer):
@@ -104,6 +122,10 @@ class ProfileOptions:
         """The options as JSON (the optimizer by its repr): what a campaign's items carry."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["optimizer"] = repr(self.optimizer)
+        if not self.hierarchical:
+            del out["hierarchical"]  # so that ledgers written before the option still resume
+        elif not isinstance(self.hierarchical, bool):
+            out["hierarchical"] = list(self.hierarchical)  # as JSON reads it back
         return out
 
 
@@ -269,8 +291,9 @@ def profile_parameter(lowered: AbstractLoweredStudy, theta: Any, objective: floa
         A :class:`ParameterProfile`.
 
     Raises:
-        ValueError: for an unknown parameter, a theta of the wrong shape, or one parameter only
-            (nothing to re-optimize: its profile is the objective itself, not supported here).
+        ValueError: for an unknown parameter, a theta of the wrong shape, one parameter only
+            (nothing to re-optimize: its profile is the objective itself, not supported here), or
+            ``options.hierarchical`` naming a parameter the residuals are not affine in.
     """
     start = time.perf_counter()
     names = tuple(lowered.problem.theta_names)
@@ -292,6 +315,8 @@ def profile_parameter(lowered: AbstractLoweredStudy, theta: Any, objective: floa
     delta = threshold(lowered.scale, options.confidence, dof)
     lo_b, hi_b = float(np.asarray(lowered.lower)[index]), float(np.asarray(lowered.upper)[index])
     evaluations = [0]
+    # Found once, at the optimum; each point's StartObjective holds the profiled parameter fixed.
+    linear = LinearParameters.find(lowered, options.hierarchical, theta) if options.hierarchical else None
 
     # The optimum's local covariance: the first step and the direction the others move along.
     _, _, H = lowered.gauss_newton(theta)
@@ -307,7 +332,7 @@ def profile_parameter(lowered: AbstractLoweredStudy, theta: Any, objective: floa
         """The profile at ``theta_i = t`` (re-optimization from ``guess``): (value, theta)."""
         x0 = np.clip(guess, lowered.lower, lowered.upper)
         x0[index] = t
-        r = run_start(lowered, options.optimizer, x0, fixed={index: t})
+        r = run_start(lowered, options.optimizer, x0, fixed={index: t}, linear=linear)
         evaluations[0] += r.n_evaluations
         return r.objective, np.asarray(r.x, dtype=np.float64)
 

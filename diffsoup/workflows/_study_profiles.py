@@ -106,7 +106,7 @@ def _resumed(ledger: Path, task_ids: set[str], began: datetime) -> int:
 
 def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[str] | None = None,
                   confidence: float = 0.95, simultaneous: bool = False, method: str = "fides",
-                  max_steps: int | None = None, client: Any = None, resume: bool = True, on_conflict: str = "error",
+                  max_steps: int | None = None, hierarchical: bool | Sequence[str] | None = None, client: Any = None, resume: bool = True, on_conflict: str = "error",
                   progress: bool = True, plots: bool = True, log: Callable = print,
                   no_worker_timeout: float | None = None) -> dict:  # fmt: skip
     """Profile likelihoods of a fitted study file and their confidence intervals.
@@ -127,6 +127,8 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
         simultaneous: intervals of the joint confidence region (``n_theta`` degrees of freedom).
         method: the re-optimization at each profile point (``fides``, ``trf`` or ``lbfgsb``).
         max_steps: most profile points per direction (None: ``ProfileOptions``' default).
+        hierarchical: offsets and scaling factors optimized analytically at each profile point
+            (True, False or their names; None: the file's ``[fit] hierarchical``, as the fit).
         client: a ``distributed.Client``, or None to run here.
         resume, on_conflict: as for ``checkpointed_map``.
         progress: a progress bar over the profiles on stderr.
@@ -156,7 +158,12 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
     names = tuple(lowered.problem.theta_names)
     store = fit_store_of(from_fit)
     theta, fit_objective = _fit_optimum(store, names)
-    options = ProfileOptions(confidence=float(confidence), simultaneous=bool(simultaneous), optimizer=optimizer_of(method))
+    if hierarchical is None:
+        hierarchical = sf.fit["hierarchical"]
+    hierarchical = hierarchical if isinstance(hierarchical, bool) else tuple([hierarchical] if isinstance(
+        hierarchical, str) else hierarchical)  # fmt: skip
+    options = ProfileOptions(confidence=float(confidence), simultaneous=bool(simultaneous), optimizer=optimizer_of(method),
+                             hierarchical=hierarchical)  # fmt: skip
     if max_steps is not None:
         options = replace(options, max_steps=int(max_steps))
     chosen = list(parameters) if parameters else list(names[: getattr(lowered.problem, "n_parameters", len(names))])
@@ -168,7 +175,8 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
     where = _describe(client) if client is not None else "in this process"
     log(f"[diffsoup] profiling {sf.name}: {len(chosen)} parameter{'' if len(chosen) == 1 else 's'} "
         f"({', '.join(chosen[:6])}{', ...' if len(chosen) > 6 else ''}), {options.confidence:g} confidence, "
-        f"re-optimized by {method}, from {store}; ledger {ledger}, {where}")  # fmt: skip
+        f"re-optimized by {method}{', hierarchical' if hierarchical else ''}, from {store}; ledger {ledger}, "
+        f"{where}")  # fmt: skip
     began = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     campaign: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
@@ -206,7 +214,8 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
         "format": SUMMARY_FORMAT, "command": "profile", "study": sf.name, "study_file": _relative(sf.path, out),
         "from_fit": _relative(store, out), "objective": float(result.objective), "fit_objective": fit_objective,
         "confidence": float(result.confidence), "simultaneous": bool(simultaneous), "delta": float(result.delta),
-        "method": method, "intervals": {r["parameter"]: r for r in rows}, "failures": dict(result.failures),
+        "method": method, "hierarchical": hierarchical if isinstance(hierarchical, bool) else list(hierarchical),
+        "intervals": {r["parameter"]: r for r in rows}, "failures": dict(result.failures),
         "better_optimum": None if better is None else float(better[0]),
         "evaluations": int(sum(p.n_evaluations for p in result.profiles.values())), "seconds": round(seconds, 3),
         "where": where if client is not None else "in-process",
