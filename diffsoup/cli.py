@@ -234,8 +234,9 @@ def _profile(args) -> int:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
         summary = profile_study(sf, args.out, from_fit=args.from_fit, parameters=parameters,
                                 confidence=args.confidence, simultaneous=args.simultaneous, method=args.method,
-                                max_steps=args.max_steps, hierarchical=args.hierarchical, client=client, resume=not args.restart,
-                                on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
+                                max_steps=args.max_steps, hierarchical=args.hierarchical, client=client,
+                                resume=not args.restart, on_conflict="restart" if args.restart else "error",
+                                plots=not args.no_plots,
                                 no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
     c = summary["campaign"]
     print(f"\nprofiles: {c['accepted']} of {c['tasks']} computed ({c['resumed']} from an earlier run), {c['failed']} "

@@ -106,8 +106,8 @@ def _resumed(ledger: Path, task_ids: set[str], began: datetime) -> int:
 
 def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[str] | None = None,
                   confidence: float = 0.95, simultaneous: bool = False, method: str = "fides",
-                  max_steps: int | None = None, hierarchical: bool | Sequence[str] | None = None, client: Any = None, resume: bool = True, on_conflict: str = "error",
-                  progress: bool = True, plots: bool = True, log: Callable = print,
+                  max_steps: int | None = None, hierarchical: bool | Sequence[str] | None = None,
+                  client: Any = None, resume: bool = True, on_conflict: str = "error", progress: bool = True, plots: bool = True, log: Callable = print,
                   no_worker_timeout: float | None = None) -> dict:  # fmt: skip
     """Profile likelihoods of a fitted study file and their confidence intervals.
 
@@ -158,12 +158,9 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
     names = tuple(lowered.problem.theta_names)
     store = fit_store_of(from_fit)
     theta, fit_objective = _fit_optimum(store, names)
-    if hierarchical is None:
-        hierarchical = sf.fit["hierarchical"]
-    hierarchical = hierarchical if isinstance(hierarchical, bool) else tuple([hierarchical] if isinstance(
-        hierarchical, str) else hierarchical)  # fmt: skip
     options = ProfileOptions(confidence=float(confidence), simultaneous=bool(simultaneous), optimizer=optimizer_of(method),
-                             hierarchical=hierarchical)  # fmt: skip
+                             hierarchical=sf.fit["hierarchical"] if hierarchical is None else hierarchical)  # fmt: skip
+    hierarchical = options.hierarchical if isinstance(options.hierarchical, bool) else list(options.hierarchical)
     if max_steps is not None:
         options = replace(options, max_steps=int(max_steps))
     chosen = list(parameters) if parameters else list(names[: getattr(lowered.problem, "n_parameters", len(names))])
@@ -214,7 +211,7 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
         "format": SUMMARY_FORMAT, "command": "profile", "study": sf.name, "study_file": _relative(sf.path, out),
         "from_fit": _relative(store, out), "objective": float(result.objective), "fit_objective": fit_objective,
         "confidence": float(result.confidence), "simultaneous": bool(simultaneous), "delta": float(result.delta),
-        "method": method, "hierarchical": hierarchical if isinstance(hierarchical, bool) else list(hierarchical),
+        "method": method, "hierarchical": hierarchical,
         "intervals": {r["parameter"]: r for r in rows}, "failures": dict(result.failures),
         "better_optimum": None if better is None else float(better[0]),
         "evaluations": int(sum(p.n_evaluations for p in result.profiles.values())), "seconds": round(seconds, 3),
