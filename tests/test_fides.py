@@ -97,3 +97,49 @@ def test_max_nfev_caps_fides_iterations():
     result = ds.inference.fit(low, starts=np.array([[-1.5, 1.5]]), max_nfev=2)
     s = result.starts[0]
     assert s.n_iterations == 2 and not s.success and "MAXITER" in s.message
+
+
+class _RosenbrockLeastSquares:
+    """Rosenbrock's valley as least squares, ``f = |r|^2`` with ``r = (10 (x1 - x0^2), 1 - x0)``:
+    the minimum 0 at (1, 1), reached along a long curved valley (the ``StartObjective`` interface
+    fides' ``minimize`` uses: bounds and a Gauss-Newton evaluation)."""
+
+    lower, upper = np.array([-5.0, -5.0]), np.array([5.0, 5.0])
+
+    def gauss_newton(self, x):
+        r = np.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
+        J = np.array([[-20.0 * x[0], 10.0], [-1.0, 0.0]])
+        return float(r @ r), 2.0 * J.T @ r, 2.0 * J.T @ J
+
+
+def test_fides_continues_past_a_premature_function_value_stop():
+    """With a function-value test loose enough to stop in the valley (fatol = 1), fides alone
+    stops far from the minimum; the continuation (the model there still predicts a decrease)
+    runs on to (1, 1); with ``continue_above=inf`` it does not."""
+    x0 = np.array([-1.2, 1.0])
+    f0 = _RosenbrockLeastSquares().gauss_newton(x0)[0]
+    stopped = Fides(fatol=1.0, continue_above=np.inf).minimize(_RosenbrockLeastSquares(), x0, f0)
+    assert stopped.message == "fides: FTOL" and stopped.value > 1e-2
+    out = Fides(fatol=1.0).minimize(_RosenbrockLeastSquares(), x0, f0)
+    assert "continued after FTOL" in out.message and out.success
+    np.testing.assert_allclose(out.x, [1.0, 1.0], atol=1e-5)
+    assert out.value < 1e-9 and out.n_iterations > stopped.n_iterations
+
+
+def test_model_decrease_is_the_quadratic_models_drop_to_its_minimum():
+    """For ``f = (x - c)^T A (x - c) / 2`` the Newton step's predicted decrease is ``f`` itself;
+    a coordinate a bound holds (at the bound, gradient pointing out) is left out; negative
+    curvature makes the model unbounded."""
+    from diffsoup.inference._fides import model_decrease
+
+    A = np.array([[4.0, 1.0], [1.0, 3.0]])
+    c, x = np.array([0.5, -0.2]), np.array([1.5, 0.7])
+    lo, hi = np.full(2, -10.0), np.full(2, 10.0)
+    g = A @ (x - c)
+    assert model_decrease(x, g, A, lo, hi) == pytest.approx(0.5 * (x - c) @ A @ (x - c), rel=1e-12)
+    held = np.array([1.5, 10.0])  # x1 on its upper bound with the gradient pushing it up (out)
+    g = np.array([2.0, -3.0])
+    assert model_decrease(held, g, A, lo, hi) == pytest.approx(0.5 * 2.0**2 / 4.0, rel=1e-12)
+    assert model_decrease(x, g, np.diag([1.0, -1.0]), lo, hi) == np.inf
+    with pytest.raises(ValueError, match="max_continuations"):
+        Fides(max_continuations=-1)
