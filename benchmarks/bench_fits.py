@@ -7,7 +7,8 @@ the bounds (``diffsoup.inference.start_points``, seeded by ``--seed``). Every to
 exactly these points (no start is replaced), at the same solver tolerances (rtol = atol = 1e-8):
 
 * diffsoup: ``ds.inference.fit(lowered, method=M, starts=points)`` for M in fides (the default:
-  Gauss-Newton Hessian from forward sensitivities), trf and lbfgsb. Before the timed fit, one
+  Gauss-Newton Hessian from forward sensitivities, run on past a function-value or radius stop
+  where its model still predicts a decrease: ``Fides.continue_above``), trf and lbfgsb. Before the timed fit, one
   start of two evaluations compiles the programs the method uses ("compile", reported apart).
 * pyPESTO + fides + AMICI, in a subprocess of the interpreter that has them (``--amici-python``;
   default ``/work/amici-venv/bin/python`` when it exists): ``PetabImporter.create_problem()``
