@@ -28,7 +28,9 @@ a decrease of 0.08 to 1,400, and from start 16 the same optimizer, run on from i
 fresh radius and no function-value test, went from -57.42 to -66.58. On Bruno every start stopped
 by FTOL with a predicted decrease of at most 6e-7. So after such a stop, when the model predicts
 more than ``continue_above``, fides runs on from the end point (a fresh radius, no
-function-value test, the iterations and time left), at most ``max_continuations`` times.
+function-value test, the iterations and time left), at most ``max_continuations`` times and not
+again after a continuation that gained less than ``continue_above`` (where a collapsed radius
+meets a model that no step bears out, as on three Fujita starts, a fresh radius ends the same way).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class Fides(AbstractOptimizer):
         delta_init: the first trust-region radius (theta's units).
         continue_above: after a stop by the function-value test or a collapsed radius, run on
             when the quadratic model at the end point predicts a decrease above this (objective
-            units; the module's docstring says why); ``math.inf`` never does.
+            units; the module's docstring says why); ``math.inf`` never does. A continuation that
+            gained less than this is not repeated.
         max_continuations: most such continuations per start.
         log_level: the level of fides' own logger (``logging.ERROR`` keeps it quiet).
 
@@ -144,6 +147,7 @@ class Fides(AbstractOptimizer):
         began = time.monotonic()
         x, value, iterations, continued = np.asarray(x0, dtype=np.float64), float(f0), 0, []
         while True:
+            before = value
             opt = self._optimizer(objective, function_test=not continued, max_iterations=self.max_evaluations - iterations,
                                   max_seconds=self.max_seconds - (time.monotonic() - began))  # fmt: skip
             try:
@@ -160,6 +164,8 @@ class Fides(AbstractOptimizer):
             if not (stalled and len(continued) < self.max_continuations and iterations < self.max_evaluations
                     and time.monotonic() - began < self.max_seconds):  # fmt: skip
                 break
+            if continued and before - value < self.continue_above:
+                break  # running on from here gained less than it was run for: another go would too
             decrease = model_decrease(opt.x, opt.grad, opt.hess, objective.lower, objective.upper)
             if not decrease > self.continue_above:
                 break
