@@ -8,8 +8,9 @@ exactly these points (no start is replaced), at the same solver tolerances (rtol
 
 * diffsoup: ``ds.inference.fit(lowered, method=M, starts=points)`` for M in fides (the default:
   Gauss-Newton Hessian from forward sensitivities, run on past a function-value or radius stop
-  where its model still predicts a decrease: ``Fides.continue_above``), trf and lbfgsb. Before the timed fit, one
-  start of two evaluations compiles the programs the method uses ("compile", reported apart).
+  where its model still predicts a decrease: ``Fides.continue_above``), trf and lbfgsb. Before
+  the timed fit, one start of two evaluations compiles the programs the method uses ("compile",
+  reported apart).
 * pyPESTO + fides + AMICI, in a subprocess of the interpreter that has them (``--amici-python``;
   default ``/work/amici-venv/bin/python`` when it exists): ``PetabImporter.create_problem()``
   (AMICI builds and compiles the model: "build", reported apart), then one
@@ -108,7 +109,7 @@ def load(name: str):
         return ds.petab.load(DATA / name / f"{name}.yaml")
 
 
-def method_variants(methods, hessians=("gauss_newton",)) -> list:
+def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
     """``(label, fit's method)`` per row: fides once per Hessian in ``hessians`` ("fides" with the
     default Hessian, "fides H" with another), every other method once."""
     import diffsoup as ds
@@ -127,7 +128,7 @@ def method_variants(methods, hessians=("gauss_newton",)) -> list:
 
 
 def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: bool = False,
-                   hessians=("gauss_newton",)) -> dict:  # fmt: skip
+                   hessians=(DEFAULT_HESSIAN,)) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
     once per Hessian in ``hessians``; with ``hierarchical``, each also with
     ``fit(hierarchical=True)`` (labelled "M hierarchical")."""

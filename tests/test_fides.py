@@ -1,6 +1,8 @@
 """fides as a fit method: every Hessian choice recovers the optimum and standard errors known
 from the closed form; trial points whose solves fail make each method step back and the start
-still converges; drawn start points that fail to solve are replaced; options are checked."""
+still converges; drawn start points that fail to solve are replaced; options are checked; a stop
+in a valley is continued while the quadratic model predicts a decrease (Rosenbrock's valley, a
+closed-form quadratic), and a continuation that gains nothing is not repeated."""
 
 import numpy as np
 import pytest
@@ -143,3 +145,19 @@ def test_model_decrease_is_the_quadratic_models_drop_to_its_minimum():
     assert model_decrease(x, g, np.diag([1.0, -1.0]), lo, hi) == np.inf
     with pytest.raises(ValueError, match="max_continuations"):
         Fides(max_continuations=-1)
+
+
+class _GradientOffByOne:
+    """``f = x^2`` whose reported gradient is ``2 x + 1``: at the minimum the model predicts a
+    decrease (0.25) that no step bears out, so the trust region collapses wherever fides starts."""
+
+    lower, upper = np.array([-5.0]), np.array([5.0])
+
+    def gauss_newton(self, x):
+        return float(x[0] ** 2), np.array([2.0 * x[0] + 1.0]), np.array([[2.0]])
+
+
+def test_a_continuation_that_gains_nothing_is_not_repeated():
+    out = Fides(max_continuations=3).minimize(_GradientOffByOne(), np.array([2.0]), 4.0)
+    assert out.message == "fides: DELTA_TOO_SMALL (continued after DELTA_TOO_SMALL with 0.25 predicted)"
+    assert abs(out.x[0]) < 1e-4 and out.value < 1e-8 and not out.success
