@@ -22,11 +22,11 @@ A trial point whose solve failed returns NaN, which fides rejects, shrinking the
 accepted step that changed the objective by less than ``fatol + frtol |f|``, and on a trust-region
 radius that collapsed (DELTA_TOO_SMALL). In a long, flat valley (Fujita's scalings and initial
 amounts trading off) either can happen far from the valley's floor: of the 20 start points of
-the benchmark (``benchmarks/bench_fits.py``), 11 Fujita starts stopped by FTOL with the quadratic
-model at the end point (gradient and Hessian over the coordinates no bound holds) still predicting
-a decrease of 0.08 to 1,400, and from start 16 the same optimizer, run on from its end point with a
-fresh radius and no function-value test, went from -57.42 to -66.58. On Bruno every start stopped
-by FTOL with a predicted decrease of at most 6e-7. So after such a stop, when the model predicts
+the benchmark (``benchmarks/bench_fits.py``), 7 Fujita starts stopped with the quadratic model at
+the end point (:func:`model_decrease`) still predicting a decrease of 0.03 to 300, and from start
+16 the same optimizer, run on from its end point with a fresh radius and no function-value test,
+went from -57.42 to -66.58, the best value known for Fujita. On Bruno every start stopped by FTOL
+with a predicted decrease of at most 6e-7 (none is continued). So after such a stop, when the model predicts
 more than ``continue_above``, fides runs on from the end point (a fresh radius, no
 function-value test, the iterations and time left), at most ``max_continuations`` times and not
 again after a continuation that gained less than ``continue_above`` (where a collapsed radius
@@ -128,6 +128,8 @@ class Fides(AbstractOptimizer):
         return objective.value_and_grad
 
     def _optimizer(self, objective: StartObjective, *, function_test: bool, max_iterations: int, max_seconds: float):
+        """A fides optimizer of ``objective`` with these options (``function_test=False``: FTOL off,
+        as a continuation runs)."""
         import fides
 
         options = {
