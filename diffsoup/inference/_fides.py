@@ -155,8 +155,8 @@ class Fides(AbstractOptimizer):
             try:
                 opt.minimize(x)
             except RuntimeError as exc:  # fides refuses a non-finite start or a point outside the bounds
-                if not continued:
-                    return Outcome(x, value, False, f"fides stopped: {exc}", iterations + int(opt.iteration))
+                if not continued:  # the first run: nothing counted yet
+                    return Outcome(x, value, False, f"fides stopped: {exc}", int(opt.iteration))
                 break  # a continuation's start is the last end point, which solved: keep it
             iterations += int(opt.iteration)
             if opt.x_min is not None and np.isfinite(opt.fval_min) and opt.fval_min <= value:
