@@ -57,13 +57,14 @@ def _compiled_programs_freed_after_each_file():
 
 @pytest.fixture(autouse=True)
 def _klu_on_the_cpu(request):
-    """KLU (klujax) runs on the CPU only: on a GPU machine, tests parametrized with a KLU solver
-    run on the CPU device, as they do in CI."""
+    """KLU (klujax) runs on the CPU only: on a GPU machine, tests parametrized with a KLU solver,
+    named for it or marked ``klu`` run on the CPU device, as they do in CI."""
     import diffsoup as ds
 
     callspec = getattr(request.node, "callspec", None)
     solver = callspec.params.get("solver") if callspec is not None else None
-    uses_klu = isinstance(solver, ds.linear.KLU) or "klu" in request.node.name.lower()
+    uses_klu = (isinstance(solver, ds.linear.KLU) or "klu" in request.node.name.lower()
+                or request.node.get_closest_marker("klu") is not None)
     if uses_klu and jax.default_backend() != "cpu" and request.node.get_closest_marker("gpu") is None:
         with jax.default_device(jax.devices("cpu")[0]):
             yield

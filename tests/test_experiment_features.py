@@ -195,6 +195,9 @@ def test_noise_models_match_petab_calculate_llh(noise_lowered):
 def test_noise_value_residual_identity_and_derivatives(noise_lowered):
     _, problem, fwd, adj = noise_lowered
     assert problem.theta_names == ("k", "a0", "s[six]", "s[damped]", "sd_a", "sd_b", "lsd")
+    # Forward sensitivities carry tangents through the solves for k and six's initial amount a0
+    # alone (damped's a0 is fixed by its conditions); the rest enter only the observation.
+    assert [problem.solve_theta(group) for group in problem.groups] == [(0, 1), (0,)]
     theta = problem.nominal + np.array([0.02, -0.03, 0.05, 0.0, 0.04, -0.02, 0.03])
     v, g = fwd.value_and_grad(theta)
     va, ga = adj.value_and_grad(theta)

@@ -59,6 +59,7 @@ def test_rober_gradient_matches_central_differences(rober_setup):
         assert abs(fd - g @ d) <= 1e-5 * max(abs(fd), np.max(np.abs(g)) * 1e-3), (fd, g @ d)
 
 
+@pytest.mark.klu
 def test_jacfwd_reuses_the_primal_factorizations():
     problem = brusselator_2d(6).build(linear_solver=ds.linear.KLU())
     y0 = jnp.asarray(problem.spec.y0)
@@ -117,6 +118,7 @@ def brusselator_setup():
     return spec, make_loss, problem, problem.parameter_vector(), jnp.asarray(spec.y0)
 
 
+@pytest.mark.klu
 def test_brusselator_forward_reverse_and_finite_differences(brusselator_setup):
     _, make_loss, problem, p, y0 = brusselator_setup
     loss = make_loss(problem)
@@ -135,6 +137,7 @@ def test_brusselator_forward_reverse_and_finite_differences(brusselator_setup):
         assert abs(fd - rev) <= 1e-5 * abs(rev), (fd, rev)
 
 
+@pytest.mark.klu
 def test_fp32_ir_gradients_match_fp64(brusselator_setup):
     spec, make_loss, problem, p, y0 = brusselator_setup
     g64 = jax.grad(make_loss(problem), argnums=(0, 1))(p, y0)
@@ -177,6 +180,7 @@ def test_checkpoints_jit_and_vmap_give_the_same_gradient(rober_setup):
         assert _rel(batched[i], jax.grad(loss)(theta + shifts[i], ds.CheckpointAdjoint(checkpoints=4))) < 1e-10
 
 
+@pytest.mark.klu
 def test_reverse_memory_does_not_grow_with_max_steps():
     problem = brusselator_2d(8).build(linear_solver=ds.linear.KLU())
     y0 = jnp.asarray(problem.spec.y0)

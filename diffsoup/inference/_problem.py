@@ -188,6 +188,7 @@ class InferenceProblem:
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
+        self._solve_theta: dict = {}  # id(group) -> (group, its solve_theta)
         self._object_constants = None
         if arrays is not None:
             # Per experiment: the constant terms and the measured values of parameter or function spreads.
@@ -486,7 +487,51 @@ class InferenceProblem:
     def terms(self, group: Group) -> LaneTerms:
         """The static part of ``group``'s per-experiment term (what its chunk programs compile from)."""
         return LaneTerms(self.study.problem, group, self.scale, tuple(int(i) for i in self.estimated),
-                         self._scales, int(self.solver.checkpoints), (self.n_theta, len(self.values)))  # fmt: skip
+                         self._scales, int(self.solver.checkpoints), (self.n_theta, len(self.values)),
+                         self.solve_theta(group))  # fmt: skip
+
+    def solve_theta(self, group: Group) -> tuple[int, ...]:
+        """The entries of ``theta`` that reach the solves of ``group``'s experiments, in order: the
+        estimated entries their model parameters, initial states and pre-equilibrations take (a
+        ``y0``, event or reset function reads the model parameters), and their window starts.
+        The rest (offsets, scalings, spreads) enter only the observation, so forward
+        sensitivities need no tangent through the solves for them. Taken over all the group's
+        members, so that a lowered study restricted to some of them compiles the same programs."""
+        key = id(group)
+        if key not in self._solve_theta:
+            self._solve_theta[key] = (group, self._solve_theta_of(group))
+        return self._solve_theta[key][1]
+
+    def _solve_theta_of(self, group: Group) -> tuple[int, ...]:
+        study = self.study
+        entries: set = set()
+
+        def add(plan):
+            entries.update(int(v) for kind, v in plan if kind == "entry")
+
+        def add_states(entry):
+            if entry is not None:
+                entries.update(int(i) for i in np.asarray(entry).reshape(-1) if i >= 0)
+
+        windows: list = []
+        if study.arrays is not None:
+            for entry, _ in study.array_plan.columns:
+                add_states(np.unique(entry))
+        else:
+            n = study.problem.n_states
+            for i in group.members:
+                e = study.experiments[i]
+                r = study.resolved[e.id]
+                add(r["plan"])
+                add_states(r["y0_entry"])
+                if r["pre"] is not None:
+                    add(r["pre"]["plan"])
+                    add_states(r["pre"]["y0_entry"])
+                if e.id in self.window_offset:
+                    o = self.window_offset[e.id]
+                    windows.extend(range(o, o + (e.trajectory.n_windows - 1) * n))
+        parameters = [j for j, i in enumerate(self.estimated) if int(i) in entries]
+        return tuple(sorted(set(parameters) | set(windows)))
 
     def operands(self) -> TermOperands:
         """The numbers the chunk programs take as arguments (numpy)."""

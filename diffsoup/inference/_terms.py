@@ -193,6 +193,9 @@ class LaneTerms:
         checkpoints: records per level of the checkpointed adjoint (sizes its buffers).
         shapes: the lengths of ``theta`` (window starts included) and of the entries' values: the
             programs' argument shapes besides the packed arrays (which the group's fields fix).
+        solve_theta: the entries of ``theta`` that reach the group's solves (model parameters,
+            initial states, pre-equilibration, window starts), in order; forward sensitivities
+            carry tangents through the solves for these alone (None: all of ``theta``).
     """
 
     problem: Any
@@ -202,6 +205,7 @@ class LaneTerms:
     scales: tuple
     checkpoints: int
     shapes: tuple = ()
+    solve_theta: tuple | None = None
 
     def full_vector(self, theta, ops: TermOperands):
         """All entries' linear values as a JAX vector (traceable in ``theta`` and ``ops``)."""
@@ -381,10 +385,15 @@ class LaneTerms:
 
     def lane(self, ops: TermOperands, full, a: dict, *, forward: bool, residuals: bool, theta=None):
         """One experiment: ``(value or residuals, status, n_steps)``, NaN where the solve failed, 0 on padding."""
+        ys, status, n_steps, cont = self.states(ops, full, a, theta, forward=forward)
+        return self.from_states(ops, full, a, ys, status, n_steps, cont, residuals=residuals)
+
+    def from_states(self, ops: TermOperands, full, a: dict, ys, status, n_steps, cont, *, residuals: bool):
+        """One experiment's ``(value or residuals, status, n_steps)`` from its solve's outputs
+        (:meth:`states`): observe, compare with the data under the noise model."""
         import jax.numpy as jnp
 
         group = self.group
-        ys, status, n_steps, cont = self.states(ops, full, a, theta, forward=forward)
         h = self.observe(full, a, ys)
         mask = a["mask"]
         sigma, dynamic = self.spreads(full, a, h)
