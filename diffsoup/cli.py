@@ -267,8 +267,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hessian", choices=HESSIANS,
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
-                   help="optimize scaling factors and offsets of observables analytically at each evaluation "
-                   "(default: the file's [fit] hierarchical, false)")  # fmt: skip
+                   help="optimize scaling factors and offsets of observables and noise levels analytically at each "
+                   "evaluation (default: the file's [fit] hierarchical, false)")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the re-optimization at each profile point (default fides)")  # fmt: skip
     profile.add_argument("--max-steps", type=int, help="most profile points per direction (default 40)")
     profile.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
-                         help="optimize offsets and scaling factors analytically at each profile point (default: the "
+                         help="optimize offsets, scaling factors and noise levels analytically at each profile point (default: the "
                          "file's [fit] hierarchical, false)")  # fmt: skip
     profile.add_argument("--no-plots", action="store_true", help="do not write the PNG plot")
     profile.add_argument("--restart", action="store_true", help="discard the ledger (kept as a .bak) and rerun all")

@@ -4,11 +4,11 @@ closed form; the reduced objective's gradient and Hessians match finite differen
 
 import numpy as np
 import pytest
-from fit_helpers import SOLVER, TIMES, decay_study, problem, reference_fit
+from fit_helpers import SOLVER, TIMES, data, decay_study, problem, reference_fit
 
 import diffsoup as ds
 from diffsoup.inference import LBFGSB, TRF, Fides, Gaussian, Parameter
-from diffsoup.inference._hierarchical import LinearParameters
+from diffsoup.inference._hierarchical import AnalyticParameters, LinearParameters, NoiseParameters
 from diffsoup.inference._optimizers import StartObjective
 
 pytest.importorskip("fides")
@@ -40,19 +40,6 @@ def test_a_hierarchical_fit_reaches_the_closed_form_optimum(method):
         assert s.x[0] == pytest.approx(theta[0], abs=1e-3 * se[0])
 
 
-def _scaled_offset_study():
-    """h = s y + o with y' = -k y: s and o enter affinely, jointly."""
-    rng = np.random.default_rng(3)
-    truth = {"k": 0.5, "s": 3.0, "o": 0.4}
-    y = np.exp(-truth["k"] * TIMES)
-    data = (truth["s"] * y + truth["o"] + 0.05 * rng.standard_normal(TIMES.size))[:, None]
-    e = ds.Experiment("e", TIMES, data, observables=lambda y, p: p["s"] * y + p["o"], noise=Gaussian(0.05),
-                      y0=[1.0], observable_parameters={"s": "s", "o": "o"})  # fmt: skip
-    params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("s", 1.0, 1e-3, 1e3),
-              Parameter("o", 0.0, -5.0, 5.0, scale="lin")]  # fmt: skip
-    return ds.Study(problem(), [e], params)
-
-
 def test_a_scaling_and_an_offset_together_give_the_full_fits_optimum():
     low = ds.lower(_scaled_offset_study(), solver=SOLVER)
     found = LinearParameters.find(low, True)
@@ -65,7 +52,7 @@ def test_a_scaling_and_an_offset_together_give_the_full_fits_optimum():
 
 def test_the_reduced_gradient_and_hessians_are_those_of_the_reduced_value():
     low = ds.lower(_scaled_offset_study(), solver=SOLVER, hessian="exact")
-    objective = StartObjective(low, linear=LinearParameters.find(low, True))
+    objective = StartObjective(low, analytic=AnalyticParameters.find(low, True))
     assert objective.free.tolist() == [0]  # only k is left to the optimizer
     x = np.array([-0.2])
     h = 1e-4
@@ -91,3 +78,100 @@ def test_the_reduced_gradient_and_hessians_are_those_of_the_reduced_value():
             moved = theta.copy()
             moved[i] += d
             assert low.value(moved) > low.value(theta)
+
+
+# ---- noise levels ---------------------------------------------------------------------------------
+
+
+def test_a_noise_level_is_optimized_to_its_closed_form_value():
+    """h = A exp(-k t) with sigma estimated: the optimum of (A, k) is the least-squares one whatever
+    sigma, and sigma's is the root mean square of its residuals; the hierarchical fit finds both."""
+    low = ds.lower(decay_study(0, estimate_sigma=True), solver=SOLVER)
+    found = AnalyticParameters.find(low, True)
+    assert found.affine is None  # A is a model parameter (h = A y): True leaves it to the optimizer
+    assert found.noise.names == ("sigma",) and found.noise.counts.tolist() == [TIMES.size]
+    theta, _, _ = reference_fit(0)
+    A, k = 10.0**theta
+    rms = float(np.sqrt(np.mean((A * np.exp(-k * TIMES) - data(0)[:, 0]) ** 2)))
+    nll = TIMES.size * (0.5 + np.log(rms) + 0.5 * np.log(2 * np.pi))
+    result = ds.inference.fit(low, starts=3, seed=1, hierarchical=True)
+    assert result.objective == pytest.approx(nll, abs=1e-8)
+    np.testing.assert_allclose(result.theta[:2], theta, atol=1e-6)
+    assert result.parameters["sigma"] == pytest.approx(rms, rel=1e-7)
+    # Away from the optimum the inner optimum is the closed form's too, and a minimum in sigma.
+    objective = StartObjective(low, analytic=found)
+    x = theta + np.array([0.1, -0.2])
+    A, k = 10.0**x
+    inner = objective.theta(x)
+    assert 10.0 ** inner[2] == pytest.approx(np.sqrt(np.mean((A * np.exp(-k * TIMES) - data(0)[:, 0]) ** 2)), rel=1e-8)
+    for d in (-1e-3, 1e-3):
+        assert low.value(inner + np.array([0.0, 0.0, d])) > low.value(inner)
+
+
+def _scaled_offset_study(estimate_sigma=False):
+    """h = s y + o with y' = -k y: s and o enter affinely, jointly (sigma estimated: the spread
+    of every cell, 'sd')."""
+    rng = np.random.default_rng(3)
+    truth = {"k": 0.5, "s": 3.0, "o": 0.4}
+    y = np.exp(-truth["k"] * TIMES)
+    data = (truth["s"] * y + truth["o"] + 0.05 * rng.standard_normal(TIMES.size))[:, None]
+    e = ds.Experiment("e", TIMES, data, observables=lambda y, p: p["s"] * y + p["o"],
+                      noise=Gaussian("sd" if estimate_sigma else 0.05), y0=[1.0],
+                      observable_parameters={"s": "s", "o": "o"})  # fmt: skip
+    params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("s", 1.0, 1e-3, 1e3),
+              Parameter("o", 0.0, -5.0, 5.0, scale="lin")]  # fmt: skip
+    if estimate_sigma:
+        params.append(Parameter("sd", 0.1, 1e-3, 10.0))
+    return ds.Study(problem(), [e], params)
+
+
+def test_offsets_scalings_and_a_noise_level_together_give_the_full_fits_optimum():
+    low = ds.lower(_scaled_offset_study(estimate_sigma=True), solver=SOLVER, hessian="exact")
+    found = AnalyticParameters.find(low, True)
+    assert found.names == ("s", "o", "sd")
+    full = ds.inference.fit(low, starts=4, seed=0)
+    reduced = ds.inference.fit(low, starts=4, seed=0, hierarchical=True)
+    assert reduced.objective == pytest.approx(full.objective, abs=1e-8)
+    np.testing.assert_allclose(reduced.theta, full.theta, atol=1e-5)
+    # The reduced gradient and exact Hessian are those of the reduced value (central differences).
+    objective = StartObjective(low, analytic=found)
+    assert objective.free.tolist() == [0]
+    h = 1e-4
+    value = lambda u: objective.value(np.array([u]))  # noqa: E731
+    x = -0.2
+    v, g = objective.value_and_grad(np.array([x]))
+    assert g[0] == pytest.approx((value(x + h) - value(x - h)) / (2 * h), rel=1e-5)
+    _, _, H = objective.value_grad_hessian(np.array([x]))
+    assert H[0, 0] == pytest.approx((value(x + h) - 2 * v + value(x - h)) / h**2, rel=1e-3)
+
+
+def _two_noise_levels_study(distribution=Gaussian):
+    """Two experiments with their own noise level (sd1, sd2) and one offset o over both."""
+    rng = np.random.default_rng(5)
+    exps = []
+    for i, sd in enumerate((0.05, 0.2)):
+        d = (np.exp(-0.5 * TIMES) + 0.4 + sd * rng.standard_normal(TIMES.size))[:, None]
+        exps.append(ds.Experiment(f"e{i}", TIMES, d, observables=lambda y, p: y + p["o"], y0=[1.0],
+                                  noise=distribution(f"sd{i + 1}"), observable_parameters={"o": "o"}))  # fmt: skip
+    params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("o", 0.0, -5.0, 5.0, scale="lin"),
+              Parameter("sd1", 0.1, 1e-3, 10.0), Parameter("sd2", 0.1, 1e-3, 10.0)]  # fmt: skip
+    return ds.Study(problem(), exps, params)
+
+
+def test_what_cannot_be_optimized_analytically_as_a_noise_level_is_refused_or_left_out():
+    low = ds.lower(_two_noise_levels_study(), solver=SOLVER)
+    # o reaches the cells of two noise levels: its optimum depends on them. True leaves it to the
+    # optimizer; naming it with them fails.
+    found = AnalyticParameters.find(low, True)
+    assert found.affine is None and found.noise.names == ("sd1", "sd2")
+    with pytest.raises(ValueError, match=r"'o' reaches cells of more than one noise level"):
+        AnalyticParameters.find(low, ["o", "sd1", "sd2"])
+    assert AnalyticParameters.find(low, ["o"]).names == ("o",)  # alone: the spreads stay numeric
+    # A Laplace scale is not a Gaussian spread: its residuals sqrt(2 |z|) do not scale as 1/s.
+    laplace = ds.lower(_two_noise_levels_study(ds.inference.Laplace), solver=SOLVER)
+    with pytest.raises(ValueError, match=r"'sd1' cannot be optimized analytically as a noise level: it is not the spread"):
+        NoiseParameters.find(laplace, ["sd1"])
+    assert NoiseParameters.find(laplace, True) is None
+    # k acts in the dynamics: named, it goes to the affine check, which refuses it.
+    with pytest.raises(ValueError, match=r"'k' cannot be optimized analytically: the residuals are not affine"):
+        AnalyticParameters.find(low, ["k"])

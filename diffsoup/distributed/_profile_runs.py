@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult
-from ..inference._hierarchical import LinearParameters
+from ..inference._hierarchical import AnalyticParameters
 from ..inference._profile_likelihood import ParameterProfile, ProfileOptions, ProfileResult, profile_parameter, threshold
 from ._campaign import checkpointed_map
 
@@ -126,7 +126,7 @@ def profile(
     if not chosen:
         raise ValueError("profile: no parameter to profile.")
     if not isinstance(options.hierarchical, bool):  # named parameters that do not qualify fail here, not in every task
-        LinearParameters.find(low, options.hierarchical, theta)
+        AnalyticParameters.find(low, options.hierarchical, theta)
     items = [{"task_id": f"profile:{name}", "parameter": name, "theta": [float(v) for v in theta],
               "objective": objective, "options": options.as_dict()} for name in chosen]  # fmt: skip
     task = ProfileTask(lowered, options)

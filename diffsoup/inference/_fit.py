@@ -30,7 +30,7 @@ import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
-from ._hierarchical import LinearParameters
+from ._hierarchical import AnalyticParameters
 from ._lower import lower
 from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
 from ._problem import InferenceProblem
@@ -229,12 +229,13 @@ def fit(
         resample_failed_starts: most replacements of a drawn start point whose solve fails (0:
             none; the start is then recorded as failed). Given start points are never replaced.
         progress: show a progress bar over the starts on stderr (evaluations, best objective).
-        hierarchical: optimize the parameters the residuals are affine in (offsets and scaling
-            factors of observables under Gaussian noise) analytically at every evaluation, so
-            that the optimizer moves only the others (:mod:`diffsoup.inference._hierarchical`):
-            True takes every estimated parameter that qualifies (checked by evaluating the
-            residuals at the nominal point); a sequence names them (each must qualify). Their
-            start values are ignored; the results hold their optimum.
+        hierarchical: optimize offsets and scaling factors of observables (the residuals are
+            affine in them) and noise levels (spreads of Gaussian or log-normal noise)
+            analytically at every evaluation, so that the optimizer moves only the others
+            (:mod:`diffsoup.inference._hierarchical`): True takes every estimated parameter that
+            qualifies (checked by evaluating the residuals at the nominal point); a sequence
+            names them (each must qualify). Their start values are ignored; the results hold
+            their optimum.
 
     Returns:
         A :class:`FitResult`.
@@ -251,7 +252,7 @@ def fit(
     if isinstance(resample_failed_starts, bool) or int(resample_failed_starts) < 0:
         raise ValueError(f"fit: resample_failed_starts={resample_failed_starts!r} must be a non-negative integer.")
     low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
-    linear = LinearParameters.find(low, hierarchical) if hierarchical else None
+    analytic = AnalyticParameters.find(low, hierarchical) if hierarchical else None
     prob = low.problem
     k = prob.n_theta
     lo, hi = np.asarray(low.lower, float), np.asarray(low.upper, float)
@@ -292,7 +293,7 @@ def fit(
             drawn_index = i - (x0 is not None)  # the draw's own index, the same with or without x0
             replace = (lambda j, d=drawn_index: replacement_point(low, seed, d, j))
             results.append(run_start(low, optimizer, p, replace=replace, attempts=attempts,
-                                     on_evaluation=bar.evaluated, linear=linear))  # fmt: skip
+                                     on_evaluation=bar.evaluated, analytic=analytic))  # fmt: skip
             bar.finished(results[-1])
     finally:
         bar.close()
@@ -301,7 +302,7 @@ def fit(
 
 def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: Any, *, fixed: dict | None = None,
               replace=None, attempts: int = 0, on_evaluation=None,
-              linear: LinearParameters | None = None) -> StartResult:  # fmt: skip
+              analytic: AnalyticParameters | None = None) -> StartResult:  # fmt: skip
     """One start: check that the start point solves (replacing it by ``replace(attempt)`` up to
     ``attempts`` times if not), then run ``optimizer`` from it.
 
@@ -313,13 +314,13 @@ def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: A
         replace: ``attempt -> theta`` giving a replacement start point.
         attempts: most replacements.
         on_evaluation: called after each evaluation.
-        linear: parameters optimized analytically at each evaluation (``fit(hierarchical=...)``).
+        analytic: parameters optimized analytically at each evaluation (``fit(hierarchical=...)``).
 
     Returns:
         The :class:`StartResult` (``x0``/``x`` full theta).
     """
     start = time.perf_counter()
-    objective = StartObjective(lowered, fixed, on_evaluation, linear)
+    objective = StartObjective(lowered, fixed, on_evaluation, analytic)
     theta0 = np.clip(np.asarray(x0, dtype=np.float64), lowered.lower, lowered.upper)
     f0 = objective.value(theta0[objective.free])
     resampled = 0

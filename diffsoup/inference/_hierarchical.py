@@ -18,7 +18,23 @@ the hierarchical optimization of Loos et al. 2018 that pyPESTO offers for PEtab 
 
 ``a`` and ``B`` come from the residuals at a base point ``v0`` and at ``v0 + delta_k e_k`` per
 parameter: ``k + 1`` residual evaluations (each about one value's cost) before the evaluation at
-``v*``. Which parameters qualify is checked, not assumed: :meth:`LinearParameters.find` takes the
+``v*``.
+
+Noise levels (:class:`NoiseParameters`): a parameter ``s`` that is the spread of its cells, up to
+a factor per cell (``sigma_i = s c_i``, Gaussian or log-normal noise, ``"nll"``), enters the
+objective as ``sum_i (0.5 e_i^2 / (s c_i)^2 + log s) + const`` over its ``n`` cells, whose minimum
+over ``s`` is at ``s*^2 = (1/n) sum_i (e_i / c_i)^2``: from the residuals ``r_i = e_i / (s0 c_i)`` at
+any ``s0``, ``s* = s0 sqrt(mean r_i^2)``, clipped to the bounds (the objective is unimodal in
+``log s``). One residual evaluation finds every noise level (none more where offsets or scaling
+factors are found too: their residuals at ``v*`` are ``a - B v*``). Offsets and scaling factors
+are optimized first, with the spreads of the evaluation point: exact when no offset or scaling
+factor reaches cells of two noise levels, or of a noise level and a fixed spread (then their
+optimum does not depend on the noise levels), which :meth:`AnalyticParameters.find` checks. The
+gradient and Hessians are those above, over both kinds (the Schur complement of the Gauss-Newton
+matrix over a noise level is a model of the reduced objective's curvature, not its exact value).
+pyPESTO offers the same for PEtab problems (Schmiester et al. 2020); on Boehm's 20 benchmark starts
+it took fides with the Gauss-Newton Hessian from 0 to 1 start at the reference optimum (the
+others at the local minimum +9.32 above it). Which parameters qualify is checked, not assumed: :meth:`LinearParameters.find` takes the
 estimated parameters that reach the objective only as observable parameters (never the dynamics,
 initial states or noise), evaluates the residuals at a second step along each and at a joint step
 of all, and accepts a parameter only where they match the affine prediction to ``AFFINE_RTOL`` of
@@ -31,6 +47,8 @@ References:
     problems", BIT 15 (1975) 49-57.
     C. Loos, S. Krause, J. Hasenauer, "Hierarchical optimization for the efficient parametrization
     of ODE models", Bioinformatics 34 (2018) 4266-4273.
+    L. Schmiester, Y. Schälte, F. Fröhlich, J. Hasenauer, D. Weindl, "Efficient parameterization of
+    large-scale dynamic models based on relative measurements", Bioinformatics 36 (2020) 594-602.
 """
 
 from __future__ import annotations
@@ -135,8 +153,8 @@ class LinearParameters:
             k, why = next(iter(reasons.items()))
             raise ValueError(
                 f"hierarchical: {theta_names[wanted[k]]!r} cannot be optimized analytically: {why}. Only parameters "
-                "the residuals are affine in (offsets and scaling factors of observables under Gaussian noise) can; "
-                "leave it out, or pass hierarchical=True to take those that qualify."
+                "the residuals are affine in (offsets and scaling factors of observables under Gaussian noise) and "
+                "noise levels (spreads) can; leave it out, or pass hierarchical=True to take those that qualify."
             )
         if not keep:
             return None
@@ -213,15 +231,20 @@ class LinearParameters:
             theta: the full ``theta`` (its entries of these parameters are ignored).
 
         Returns:
-            ``(theta with v*, interior)``: ``interior`` marks the ``v*`` strictly inside their
-            bounds; None where a solve failed.
+            ``(theta with v*, interior, residuals there)``: ``interior`` marks the ``v*`` strictly
+            inside their bounds; None where a solve failed.
         """
-        from scipy.optimize import lsq_linear
-
         found = self._affine(residuals, theta)
         if found is None:
             return None
         a, B = found
+        v, interior = self._optimum(a, B)
+        return self._theta(theta, v), interior, a - B @ v
+
+    def _optimum(self, a: np.ndarray, B: np.ndarray):
+        """``(v*, interior)``: the bounded least-squares solution of ``B v = a``."""
+        from scipy.optimize import lsq_linear
+
         # Columns scaled to unit norm: scaling factors of 1e-5 and 1e3 side by side.
         norms = np.linalg.norm(B, axis=0)
         norms = np.where(norms > 0, norms, 1.0)
@@ -229,7 +252,241 @@ class LinearParameters:
         v = np.clip(fit.x / norms, self.lower, self.upper)
         span = self.upper - self.lower
         interior = (v - self.lower > 1e-12 * span) & (self.upper - v > 1e-12 * span)
-        return self._theta(theta, v), interior
+        return v, interior
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NoiseParameters:
+    """Estimated noise levels: parameters that are the spread of their cells up to a factor per
+    cell (Gaussian or log-normal noise), optimized analytically (the module's docstring).
+
+    Attributes:
+        indices: their positions in ``theta``; names: their ``theta`` names.
+        rows: per parameter, the residual rows of its cells' data (their ``(T(h) - T(d)) / sigma``).
+        counts: per parameter, its cells (the rows of their ``sqrt(2 log sigma + K)`` terms).
+        lower, upper: their bounds, linear values.
+        to_scale, from_scale: per parameter, linear value -> ``theta`` coordinate and back.
+    """
+
+    indices: np.ndarray
+    names: tuple[str, ...]
+    rows: tuple[np.ndarray, ...]
+    counts: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    to_scale: tuple[Callable[[float], float], ...]
+    from_scale: tuple[Callable[[float], float], ...]
+
+    @classmethod
+    def find(cls, lowered: AbstractLoweredStudy, names: bool | Sequence[str] = True,
+             theta: Any = None) -> "NoiseParameters | None":  # fmt: skip
+        """The noise levels of ``lowered`` to optimize analytically: True takes every estimated
+        parameter that reaches the objective only as a spread and passes the check; names must
+        each pass it. The check, at ``theta`` (default the nominal point): with the parameter
+        multiplied by ``c``, its cells' data residuals are divided by ``c`` and their
+        ``sqrt(2 log sigma + K)`` terms grow by ``2 log c`` in square, and nothing else changes.
+
+        Raises:
+            ValueError: for an unknown name, a named parameter that fails the check, named
+                parameters that share cells, or residuals that are not finite at ``theta``.
+        """
+        prob = lowered.problem
+        n_par = getattr(prob, "n_parameters", prob.n_theta)
+        theta_names = tuple(lowered.theta_names)
+        if names is True:
+            noise_only = noise_only_entries(prob)
+            wanted = [j for j in range(n_par) if int(prob.estimated[j]) in noise_only]
+            if not wanted:
+                return None
+        else:
+            names = (names,) if isinstance(names, str) else tuple(names)
+            unknown = [n for n in names if n not in theta_names[:n_par]]
+            if unknown:
+                raise ValueError(f"hierarchical: {unknown} are not estimated parameters; theta is {list(theta_names[:n_par])}.")
+            wanted = [theta_names.index(n) for n in names]
+        theta = np.asarray(lowered.nominal if theta is None else theta, dtype=np.float64)
+        params = [prob.study.entries[prob.estimated[j]].parameter for j in wanted]
+        r0 = _finite_residuals(lowered, theta, "the base point")
+        rounding = 1e-12 * (1.0 + float(np.max(np.abs(r0))))
+        keep, rows, counts, reasons = [], [], [], {}
+        for k, (j, p) in enumerate(zip(wanted, params)):
+            s0 = float(p.from_scale(theta[j]))
+            c = 2.0 if 2.0 * s0 <= p.upper else 0.5
+            moved = theta.copy()
+            moved[j] = float(p.to_scale(c * s0))
+            r1 = _finite_residuals(lowered, moved, theta_names[j])
+            changed = np.abs(r1 - r0) > rounding
+            data = changed & (np.abs(r1 - r0 / c) <= AFFINE_RTOL * np.abs(r0) + rounding)
+            logs = changed & ~data & (np.abs(r1**2 - r0**2 - 2.0 * np.log(c)) <= AFFINE_RTOL + rounding)
+            other = int(np.sum(changed & ~data & ~logs))
+            if not changed.any():
+                reasons[k] = "it changes no residual"
+            elif other or not data.any() or int(logs.sum()) < int(data.sum()):
+                reasons[k] = (f"it is not the spread of its cells alone ({other} residuals change otherwise, "
+                              f"{int(data.sum())} scale as its data, {int(logs.sum())} as its log-spread terms)")  # fmt: skip
+            else:
+                keep.append(k)
+                rows.append(np.flatnonzero(data))
+                counts.append(int(logs.sum()))
+        if names is not True and reasons:
+            k, why = next(iter(reasons.items()))
+            raise ValueError(
+                f"hierarchical: {theta_names[wanted[k]]!r} cannot be optimized analytically as a noise level: {why}. "
+                "Noise levels that can are the spread (sigma) of their cells under Gaussian or log-normal noise, "
+                "up to a factor per cell."
+            )
+        shared = [k for a, k in enumerate(keep) for b in keep[:a] if np.intersect1d(rows[a], rows[keep.index(b)]).size]
+        if shared:
+            if names is not True:
+                raise ValueError(f"hierarchical: {theta_names[wanted[shared[0]]]!r} shares cells with another noise level "
+                                 "(a spread that is their product); name one of them.")  # fmt: skip
+            drop = set(shared)
+            rows = [r for k, r in zip(keep, rows) if k not in drop]
+            counts = [n for k, n in zip(keep, counts) if k not in drop]
+            keep = [k for k in keep if k not in drop]
+        if not keep:
+            return None
+        picked = [params[k] for k in keep]
+        return cls(
+            indices=np.asarray([wanted[k] for k in keep], dtype=np.int64), names=tuple(theta_names[wanted[k]] for k in keep),
+            rows=tuple(rows), counts=np.asarray(counts, dtype=np.float64),
+            lower=np.array([float(p.lower) for p in picked]), upper=np.array([float(p.upper) for p in picked]),
+            to_scale=tuple(p.to_scale for p in picked), from_scale=tuple(p.from_scale for p in picked),
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def without(self, indices: Sequence[int]) -> "NoiseParameters | None":
+        """These parameters less the ``theta`` indices ``indices`` (a profile holds them fixed)."""
+        held = {int(i) for i in indices}
+        keep = [k for k, i in enumerate(self.indices) if int(i) not in held]
+        if not keep:
+            return None
+        pick = lambda x: tuple(x[k] for k in keep)  # noqa: E731
+        return NoiseParameters(self.indices[keep], pick(self.names), pick(self.rows), self.counts[keep],
+                               self.lower[keep], self.upper[keep], pick(self.to_scale), pick(self.from_scale))  # fmt: skip
+
+    def optimum(self, theta: np.ndarray, r: np.ndarray):
+        """``(theta with s*, interior)`` from the residuals ``r`` at ``theta``: ``s* = s sqrt(mean
+        r^2)`` over each parameter's cells, clipped to its bounds."""
+        out = np.array(theta, dtype=np.float64)
+        interior = np.zeros(len(self), dtype=bool)
+        for k, j in enumerate(self.indices):
+            s = float(self.from_scale[k](float(theta[j])))
+            best = s * float(np.sqrt(np.sum(r[self.rows[k]] ** 2) / self.counts[k]))
+            v = min(max(best, float(self.lower[k])), float(self.upper[k]))
+            span = self.upper[k] - self.lower[k]
+            interior[k] = v - self.lower[k] > 1e-12 * span and self.upper[k] - v > 1e-12 * span
+            out[j] = float(self.to_scale[k](v))
+        return out, interior
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AnalyticParameters:
+    """The parameters a hierarchical fit optimizes analytically at every evaluation: offsets and
+    scaling factors (``affine``) and noise levels (``noise``), either None.
+
+    ``solve`` finds the offsets and scaling factors first (their residuals there are ``a - B v*``,
+    no solve more), then the noise levels from those residuals.
+    """
+
+    affine: LinearParameters | None
+    noise: NoiseParameters | None
+
+    @classmethod
+    def find(cls, lowered: AbstractLoweredStudy, names: bool | Sequence[str] = True,
+             theta: Any = None) -> "AnalyticParameters | None":  # fmt: skip
+        """The parameters of ``lowered`` to optimize analytically (``fit(hierarchical=names)``):
+        True takes the offsets and scaling factors (:meth:`LinearParameters.find`) and the noise
+        levels (:meth:`NoiseParameters.find`) that qualify, leaving out offsets and scaling
+        factors whose cells have more than one noise level or a noise level and fixed spreads
+        (their optimum would depend on the noise levels); names go to the kind their parameter
+        reaches the objective as (a spread: noise level), and each must qualify.
+
+        Returns:
+            The :class:`AnalyticParameters`, or None where ``names`` is True and none qualifies.
+
+        Raises:
+            ValueError: as the two ``find``; for named offsets or scaling factors whose cells
+                have more than one noise level.
+        """
+        prob = lowered.problem
+        if names is True:
+            affine, noise = LinearParameters.find(lowered, True, theta), NoiseParameters.find(lowered, True, theta)
+        else:
+            names = (names,) if isinstance(names, str) else tuple(names)
+            known = tuple(lowered.theta_names)
+            noise_only = noise_only_entries(prob)
+            spreads = [n for n in names if n in known and int(prob.estimated[known.index(n)]) in noise_only]
+            others = [n for n in names if n not in spreads]
+            affine = LinearParameters.find(lowered, others, theta) if others else None
+            noise = NoiseParameters.find(lowered, spreads, theta) if spreads else None
+        if affine is not None and noise is not None:
+            theta = np.asarray(lowered.nominal if theta is None else theta, dtype=np.float64)
+            found = affine._affine(lambda th: residuals_or_none(lowered, th), theta)
+            if found is None:
+                raise ValueError("hierarchical: the residuals at the base point are not finite; check at another theta=.")
+            _, B = found
+            owner = np.full(B.shape[0], -1)
+            for k, rows in enumerate(noise.rows):
+                owner[rows] = k
+            coupled = []
+            for k in range(len(affine)):
+                column = np.abs(B[:, k])
+                reached = set(owner[column > NO_EFFECT_RTOL * (1.0 + float(np.max(column)))].tolist())
+                if len(reached) > 1:
+                    coupled.append(k)
+            if coupled and names is not True:
+                raise ValueError(
+                    f"hierarchical: {affine.names[coupled[0]]!r} reaches cells of more than one noise level (or of a "
+                    "noise level and fixed spreads), so its optimum depends on them; optimize one kind analytically."
+                )
+            if coupled:
+                keep = [int(i) for k, i in enumerate(affine.indices) if k not in coupled]
+                affine = affine.without(affine.indices[coupled]) if keep else None
+        if affine is None and noise is None:
+            return None
+        return cls(affine, noise)
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Their positions in ``theta``: the offsets and scaling factors, then the noise levels."""
+        parts = [x.indices for x in (self.affine, self.noise) if x is not None]
+        return np.concatenate(parts).astype(np.int64)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for x in (self.affine, self.noise) if x is not None for n in x.names)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def without(self, indices: Sequence[int]) -> "AnalyticParameters | None":
+        """These parameters less the ``theta`` indices ``indices`` (a profile holds them fixed)."""
+        affine = self.affine.without(indices) if self.affine is not None else None
+        noise = self.noise.without(indices) if self.noise is not None else None
+        return None if affine is None and noise is None else AnalyticParameters(affine, noise)
+
+    def solve(self, residuals: Callable[[np.ndarray], np.ndarray | None], theta: np.ndarray):
+        """``(theta with the analytic optimum, interior)`` at ``theta``'s other coordinates
+        (``interior``: in :attr:`indices` order, those strictly inside their bounds); None where a
+        solve failed."""
+        interior = []
+        r = None
+        if self.affine is not None:
+            found = self.affine.solve(residuals, theta)
+            if found is None:
+                return None
+            theta, inside, r = found
+            interior.append(inside)
+        if self.noise is not None:
+            r = residuals(theta) if r is None else r
+            if r is None:
+                return None
+            theta, inside = self.noise.optimum(theta, r)
+            interior.append(inside)
+        return theta, np.concatenate(interior)
 
 
 def schur_complement(H: np.ndarray, free: np.ndarray, linear: np.ndarray) -> np.ndarray:
@@ -256,17 +513,33 @@ def projected_jacobian(J: np.ndarray, free: np.ndarray, linear: np.ndarray) -> n
 def observable_only_entries(problem: Any) -> set[int]:
     """Study entries that reach the objective only through experiments' observable parameters
     (not the model parameters, initial states, pre-equilibration or noise of any experiment)."""
+    uses = _entry_uses(problem)
+    return uses["observable"] - uses["spread"] - uses["elsewhere"]
+
+
+def noise_only_entries(problem: Any) -> set[int]:
+    """Study entries that reach the objective only as spreads of measured values (a named spread
+    per experiment or per cell), not as model, observable or pre-equilibration parameters or
+    initial states."""
+    uses = _entry_uses(problem)
+    return uses["spread"] - uses["observable"] - uses["elsewhere"]
+
+
+def _entry_uses(problem: Any) -> dict[str, set[int]]:
+    """The study entries each kind of use reaches, over every experiment: ``"observable"``
+    (observable parameters), ``"spread"`` (named spreads) and ``"elsewhere"`` (model and
+    pre-equilibration parameters, initial states)."""
     from ._terms import SIGMA_ENTRY, member_array
 
-    observable, elsewhere = set(), set()
+    uses: dict[str, set[int]] = {"observable": set(), "spread": set(), "elsewhere": set()}
     for group in problem.groups:
         arrays = problem.pack(group, list(member_array(group.members)))
         for key, values in arrays.items():
             if not key.endswith(("_entry", "_entries")) or (key == "sigma_entry" and group.sigma != SIGMA_ENTRY):
                 continue
-            used = {int(i) for i in np.unique(np.asarray(values)) if i >= 0}
-            (observable if key == "op_entry" else elsewhere).update(used)
-    return observable - elsewhere
+            kind = "observable" if key == "op_entry" else "spread" if key in ("sigma_entry", "sigma_entries") else "elsewhere"
+            uses[kind].update(int(i) for i in np.unique(np.asarray(values)) if i >= 0)
+    return uses
 
 
 def residuals_or_none(lowered: AbstractLoweredStudy, theta: np.ndarray) -> np.ndarray | None:

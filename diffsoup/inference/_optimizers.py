@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
-from ._hierarchical import LinearParameters, projected_jacobian, residuals_or_none, schur_complement
+from ._hierarchical import AnalyticParameters, projected_jacobian, residuals_or_none, schur_complement
 
 
 class Outcome(NamedTuple):
@@ -55,9 +55,10 @@ class StartObjective:
         fixed: theta index -> value (scaled) of coordinates held fixed (a profile's parameter);
             None or empty: every coordinate is free.
         on_evaluation: called after each evaluation of the lowered study (a progress bar).
-        linear: parameters optimized analytically at each evaluation (hierarchical optimization,
-            :mod:`diffsoup.inference._hierarchical`): not among the free coordinates; ``theta(x)``
-            holds their optimum at ``x``. Those in ``fixed`` stay fixed.
+        analytic: parameters optimized analytically at each evaluation (hierarchical optimization,
+            :mod:`diffsoup.inference._hierarchical`: offsets, scaling factors, noise levels): not
+            among the free coordinates; ``theta(x)`` holds their optimum at ``x``. Those in
+            ``fixed`` stay fixed.
 
     Every method takes the free coordinates ``x`` and returns NaN (value, residuals) where a solve
     failed or a number is not finite; derivatives are restricted to the free coordinates.
@@ -70,17 +71,17 @@ class StartObjective:
     """
 
     def __init__(self, lowered: AbstractLoweredStudy, fixed: Mapping[int, float] | None = None,
-                 on_evaluation: Callable[[], None] | None = None, linear: LinearParameters | None = None):  # fmt: skip
+                 on_evaluation: Callable[[], None] | None = None, analytic: AnalyticParameters | None = None):  # fmt: skip
         self.lowered = lowered
         k = lowered.problem.n_theta
         fixed = {int(i): float(v) for i, v in (fixed or {}).items()}
         bad = [i for i in fixed if not 0 <= i < k]
         if bad:
             raise ValueError(f"StartObjective: fixed indices {bad} are outside theta (size {k}).")
-        self.linear = linear.without(fixed) if linear is not None else None
-        profiled = set() if self.linear is None else set(self.linear.indices.tolist())
+        self.analytic = analytic.without(fixed) if analytic is not None else None
+        profiled = set() if self.analytic is None else set(self.analytic.indices.tolist())
         self.free = np.array([i for i in range(k) if i not in fixed and i not in profiled], dtype=np.int64)
-        if self.free.size == 0 and self.linear is None:
+        if self.free.size == 0 and self.analytic is None:
             raise ValueError("StartObjective: every coordinate is fixed; nothing to optimize.")
         self._template = np.asarray(lowered.nominal, dtype=np.float64).copy()
         for i, v in fixed.items():
@@ -96,11 +97,11 @@ class StartObjective:
 
     def theta(self, x) -> np.ndarray:
         """The full ``theta`` of free coordinates ``x`` (with the analytic optimum of the
-        ``linear`` parameters there; NaN in them where a solve failed on the way)."""
+        ``analytic`` parameters there; NaN in them where a solve failed on the way)."""
         theta = self._filled(x)
         found = self._profiled(theta)
         if found is None:
-            theta[self.linear.indices] = math.nan
+            theta[self.analytic.indices] = math.nan
             return theta
         return found[0]
 
@@ -111,19 +112,19 @@ class StartObjective:
         return theta
 
     def _profiled(self, theta: np.ndarray):
-        """``(theta with the linear parameters' optimum, which of them are inside their bounds)``;
-        ``(theta, [])`` without linear parameters; None where a solve failed (kept for the point)."""
-        if self.linear is None:
+        """``(theta with the analytic parameters' optimum, which of them are inside their bounds)``;
+        ``(theta, [])`` without analytic parameters; None where a solve failed (kept for the point)."""
+        if self.analytic is None:
             return theta, np.zeros(0, dtype=np.int64)
         key = theta[self.free].tobytes()
         if self._inner[0] != key:
-            found = self.linear.solve(lambda th: residuals_or_none(self.lowered, th), theta)
-            self._inner = (key, None if found is None else (found[0], self.linear.indices[found[1]]))
+            found = self.analytic.solve(lambda th: residuals_or_none(self.lowered, th), theta)
+            self._inner = (key, None if found is None else (found[0], self.analytic.indices[found[1]]))
         return self._inner[1]
 
     def _at(self, x):
-        """The full theta at ``x`` and the linear coordinates to project out, or None (a failed
-        solve while finding the linear parameters' optimum: counted as a failed evaluation)."""
+        """The full theta at ``x`` and the analytic coordinates to project out, or None (a failed
+        solve while finding the analytic parameters' optimum: counted as a failed evaluation)."""
         found = self._profiled(self._filled(x))
         if found is None:
             self._failed()

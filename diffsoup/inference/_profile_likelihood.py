@@ -16,8 +16,8 @@ direction), its step adapted so that each one raises the profile by about
 then open on that side), or after ``max_steps``; the crossing is then located by safeguarded
 interpolation between the last points below and above the threshold, each trial a re-optimization,
 until the profile there is within ``crossing_tolerance`` of the threshold. With
-``ProfileOptions(hierarchical=...)`` the offsets and scaling factors the residuals are affine in
-are optimized analytically at every point (as ``fit(hierarchical=...)`` does), the optimizer
+``ProfileOptions(hierarchical=...)`` the offsets and scaling factors the residuals are affine in and
+the noise levels are optimized analytically at every point (as ``fit(hierarchical=...)`` does), the optimizer
 moving only the rest; the profiled parameter itself is held fixed even when it is one of them.
 
 The distributed driver (``ds.inference.profile``, one ``checkpointed_map`` task per parameter)
@@ -36,7 +36,7 @@ import numpy as np
 from ._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
 from ._fit import run_start
-from ._hierarchical import LinearParameters
+from ._hierarchical import AnalyticParameters
 from ._optimizers import AbstractOptimizer
 
 PROFILES_FORMAT = "diffsoup.profiles/1"
@@ -74,8 +74,8 @@ class ProfileOptions:
         refine_iterations: most re-optimizations spent locating each crossing.
         better_tolerance: a profile point this far below the optimum is a better optimum (the
             fit had not converged); it is reported in ``ProfileResult.better``.
-        hierarchical: False, True (every parameter the residuals are affine in: offsets and
-            scaling factors of observables) or the names of such parameters, optimized
+        hierarchical: False, True (every parameter the residuals are affine in, offsets and
+            scaling factors of observables, and every noise level) or the names of such parameters, optimized
             analytically at each profile point (``fit(hierarchical=...)``'s rule; checked at the
             optimum when a profile starts).
 
@@ -316,7 +316,7 @@ def profile_parameter(lowered: AbstractLoweredStudy, theta: Any, objective: floa
     lo_b, hi_b = float(np.asarray(lowered.lower)[index]), float(np.asarray(lowered.upper)[index])
     evaluations = [0]
     # Found once, at the optimum; each point's StartObjective holds the profiled parameter fixed.
-    linear = LinearParameters.find(lowered, options.hierarchical, theta) if options.hierarchical else None
+    analytic = AnalyticParameters.find(lowered, options.hierarchical, theta) if options.hierarchical else None
 
     # The optimum's local covariance: the first step and the direction the others move along.
     _, _, H = lowered.gauss_newton(theta)
@@ -332,7 +332,7 @@ def profile_parameter(lowered: AbstractLoweredStudy, theta: Any, objective: floa
         """The profile at ``theta_i = t`` (re-optimization from ``guess``): (value, theta)."""
         x0 = np.clip(guess, lowered.lower, lowered.upper)
         x0[index] = t
-        r = run_start(lowered, options.optimizer, x0, fixed={index: t}, linear=linear)
+        r = run_start(lowered, options.optimizer, x0, fixed={index: t}, analytic=analytic)
         evaluations[0] += r.n_evaluations
         return r.objective, np.asarray(r.x, dtype=np.float64)
 

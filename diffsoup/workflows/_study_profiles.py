@@ -127,7 +127,7 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
         simultaneous: intervals of the joint confidence region (``n_theta`` degrees of freedom).
         method: the re-optimization at each profile point (``fides``, ``trf`` or ``lbfgsb``).
         max_steps: most profile points per direction (None: ``ProfileOptions``' default).
-        hierarchical: offsets and scaling factors optimized analytically at each profile point
+        hierarchical: offsets, scaling factors and noise levels optimized analytically at each profile point
             (True, False or their names; None: the file's ``[fit] hierarchical``, as the fit).
         client: a ``distributed.Client``, or None to run here.
         resume, on_conflict: as for ``checkpointed_map``.

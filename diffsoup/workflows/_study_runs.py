@@ -362,7 +362,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..distributed import checkpointed_map
     from ..inference import FitResult, StartResult, window_solves
     from ..inference._fit import optimizer_of, start_points
-    from ..inference._hierarchical import LinearParameters
+    from ..inference._hierarchical import AnalyticParameters
 
     sf = _study_file(study)
     out = Path(out)
@@ -374,7 +374,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # Gauss-Newton Hessian of the best start.
     lowered = sf.lower()
     if isinstance(settings["hierarchical"], list):  # named parameters that do not qualify fail here, not in every task
-        LinearParameters.find(lowered, settings["hierarchical"])
+        AnalyticParameters.find(lowered, settings["hierarchical"])
     points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
     # The optimizer with its options is part of each item, so a rerun with another method, Hessian,
