@@ -38,18 +38,20 @@ objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
 
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
                                     [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
-                                    [--fides-hessians gauss_newton hybrid ...] [--hierarchical]
-                                    [--reuse-pypesto EARLIER.json]
+                                    [--fides-hessians gauss_newton hybrid ...] [--hierarchical [all|noise]]
+                                    [--reuse-pypesto EARLIER.json] [--reuse-diffsoup EARLIER.json]
 
 ``--fides-hessians`` runs fides once per Hessian named (``ds.inference.Fides(hessian=H)``; rows
 "fides H"; the default, gauss_newton, is the row "fides" that the targets judge; without it the
 targets are not judged).
 
-``--hierarchical`` also runs each method with ``fit(hierarchical=True)`` (scaling factors and
-offsets optimized analytically; rows "M hierarchical"), from the same starts. ``--reuse-pypesto``
+``--hierarchical`` also runs each method with ``fit(hierarchical=True)`` (scaling factors, offsets
+and noise levels optimized analytically; rows "M hierarchical"), ``--hierarchical noise`` with the
+noise levels alone (rows "M noise levels analytic"), from the same starts. ``--reuse-pypesto``
 takes pyPESTO's rows from an earlier run's JSON where that run had the same problem, start points
 and tolerances (pyPESTO's side does not change with diffsoup's code; a Fujita run of 20 starts
-takes it 12 minutes); such rows carry ``reused_from``.
+takes it 12 minutes); such rows carry ``reused_from``. ``--reuse-diffsoup`` takes diffsoup's rows
+the same way (to add ``--hierarchical`` rows to a run without repeating its plain ones).
 
 ``--quick`` (about 10 minutes on a 2-core CPU): 8 starts on Boehm and Bruno, the two problems
 whose starts take seconds (a start on Brannmark, Fujita or Weber takes one to several minutes with
@@ -127,11 +129,13 @@ def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
     return variants
 
 
-def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: bool = False,
-                   hessians=(DEFAULT_HESSIAN,)) -> dict:  # fmt: skip
+def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | None = None,
+                   hessians=(DEFAULT_HESSIAN,), reused: dict | None = None) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
-    once per Hessian in ``hessians``; with ``hierarchical``, each also with
-    ``fit(hierarchical=True)`` (labelled "M hierarchical")."""
+    once per Hessian in ``hessians``; with ``hierarchical="all"``, each also with
+    ``fit(hierarchical=True)`` (labelled "M hierarchical"), with ``"noise"`` with the noise levels
+    that qualify named (labelled "M noise levels analytic"; not run where none does). Rows in
+    ``reused`` (label -> an earlier run's row, :func:`earlier_diffsoup`) are taken, not run."""
     import diffsoup as ds
 
     t, c = time.perf_counter(), time.process_time()
@@ -140,9 +144,19 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: bool = Fa
     out: dict = {"nominal_nll": nominal, "lower_and_value_s": time.perf_counter() - t,
                  "lower_and_value_cpu_s": time.process_time() - c, "methods": {}}  # fmt: skip
     rows = method_variants(methods, hessians)
-    variants = [(*r, False) for r in rows] + ([(*r, True) for r in rows] if hierarchical else [])
+    analytic_setting = {None: None, "all": True}.get(hierarchical)
+    if hierarchical == "noise":
+        from diffsoup.inference._hierarchical import NoiseParameters
+
+        found = NoiseParameters.find(lowered, True)
+        analytic_setting = list(found.names) if found is not None else None
+    variants = [(*r, False) for r in rows] + ([(*r, analytic_setting) for r in rows] if analytic_setting else [])
+    suffix = " hierarchical" if hierarchical == "all" else " noise levels analytic"
     for name, method, analytic in variants:
-        label = f"{name} hierarchical" if analytic else name
+        label = f"{name}{suffix}" if analytic else name
+        if label in (reused or {}):
+            out["methods"][label] = reused[label]
+            continue
         # Compile what the method evaluates (one start, two evaluations), timed apart.
         t, c = time.perf_counter(), time.process_time()
         ds.inference.fit(lowered, method=method, starts=points[:1], max_nfev=2, hierarchical=analytic)
@@ -197,6 +211,18 @@ def earlier_pypesto(path: Path, earlier: dict, name: str, points: np.ndarray) ->
         return None
     print(f"[bench_fits]   {PYPESTO}: reused from {path}", flush=True)
     return {**row[PYPESTO], "reused_from": str(path)}
+
+
+def earlier_diffsoup(path: Path, earlier: dict, name: str, points: np.ndarray) -> dict:
+    """diffsoup's rows for ``name`` (label -> row) from an earlier run's JSON, when that run started
+    from the same points at the same tolerances; each marked with ``reused_from``."""
+    row = earlier.get("results", {}).get(name)
+    if (row is None or (earlier.get("rtol"), earlier.get("atol")) != (RTOL, ATOL)
+            or not np.array_equal(np.asarray(row["start_points"]), np.asarray(points))):  # fmt: skip
+        return {}
+    rows = {label: {**m, "reused_from": str(path)} for label, m in row["diffsoup"]["methods"].items()}
+    print(f"[bench_fits]   diffsoup {', '.join(rows)}: reused from {path}", flush=True)
+    return rows
 
 
 def end_points(d: dict, p: dict | None, names) -> dict:
@@ -337,11 +363,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
-    parser.add_argument("--hierarchical", action="store_true",
-                        help="also run each method with fit(hierarchical=True): scalings and offsets optimized analytically")
+    parser.add_argument("--hierarchical", nargs="?", const="all", choices=("all", "noise"),
+                        help="also run each method with fit(hierarchical=True) (all: scalings, offsets and noise levels "
+                        "optimized analytically) or with the noise levels alone (noise)")  # fmt: skip
     parser.add_argument("--reuse-pypesto", type=Path, metavar="JSON",
                         help="take pyPESTO's results from an earlier run's JSON where it holds the same problem, start "
                         "points and tolerances (marked 'reused_from'); the others are run")  # fmt: skip
+    parser.add_argument("--reuse-diffsoup", type=Path, metavar="JSON",
+                        help="take diffsoup's rows from an earlier run's JSON where it holds the same problem, start "
+                        "points and tolerances (marked 'reused_from'; e.g. the plain rows, to run --hierarchical "
+                        "alone); the others are run")  # fmt: skip
     parser.add_argument("--json", type=Path, help="where the results go (default benchmarks/results/bench_fits.json, "
                         "bench_fits_quick.json for --quick)")  # fmt: skip
     args = parser.parse_args()
@@ -361,6 +392,7 @@ def main() -> None:
     results: dict = {}
     # Read before this run writes: the output may be the file reused.
     earlier = json.loads(args.reuse_pypesto.read_text()) if args.reuse_pypesto else {}
+    earlier_ours = json.loads(args.reuse_diffsoup.read_text()) if args.reuse_diffsoup else {}
     out = args.json or RESULTS / ("bench_fits_quick.json" if args.quick else "bench_fits.json")
 
     def save(results: dict, *, complete: bool, table: str | None = None) -> None:
@@ -372,7 +404,8 @@ def main() -> None:
         print(f"[bench_fits] {name}: {n_starts} starts (load {os.getloadavg()[0]:.1f}) ...", flush=True)
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
-        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians)
+        reused = earlier_diffsoup(args.reuse_diffsoup, earlier_ours, name, points) if args.reuse_diffsoup else {}
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused)
         p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)

@@ -335,7 +335,8 @@ class NoiseParameters:
                 "Noise levels that can are the spread (sigma) of their cells under Gaussian or log-normal noise, "
                 "up to a factor per cell."
             )
-        shared = [k for a, k in enumerate(keep) for b in keep[:a] if np.intersect1d(rows[a], rows[keep.index(b)]).size]
+        # A cell whose spread is a product of two of them: each one's optimum depends on the other.
+        shared = [k for a, k in enumerate(keep) if any(np.intersect1d(rows[a], rows[b]).size for b in range(a))]
         if shared:
             if names is not True:
                 raise ValueError(f"hierarchical: {theta_names[wanted[shared[0]]]!r} shares cells with another noise level "
@@ -443,8 +444,7 @@ class AnalyticParameters:
                     "noise level and fixed spreads), so its optimum depends on them; optimize one kind analytically."
                 )
             if coupled:
-                keep = [int(i) for k, i in enumerate(affine.indices) if k not in coupled]
-                affine = affine.without(affine.indices[coupled]) if keep else None
+                affine = affine.without(affine.indices[coupled])
         if affine is None and noise is None:
             return None
         return cls(affine, noise)
