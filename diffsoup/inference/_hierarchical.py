@@ -175,8 +175,8 @@ class LinearParameters:
 
     @classmethod
     def _of(cls, lowered: AbstractLoweredStudy, indices: Sequence[int], params: Sequence[Any]) -> "LinearParameters":
-        lower = np.array([float(p.lower) for p in params])
-        upper = np.array([float(p.upper) for p in params])
+        bounds = _bounds_and_scales(params)
+        lower, upper = bounds["lower"], bounds["upper"]
         log = np.array([p.scale != "lin" for p in params])
         base = np.where(log, 1.0, 0.0)
         base = np.clip(base, lower, upper)
@@ -185,8 +185,7 @@ class LinearParameters:
         step = np.where(step == 0, 1.0, step)
         return cls(
             indices=np.asarray(indices, dtype=np.int64), names=tuple(lowered.theta_names[i] for i in indices),
-            base=base, step=step, lower=lower, upper=upper,
-            to_scale=tuple(p.to_scale for p in params), from_scale=tuple(p.from_scale for p in params),
+            base=base, step=step, **bounds,
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -194,13 +193,7 @@ class LinearParameters:
 
     def without(self, indices: Sequence[int]) -> "LinearParameters | None":
         """These parameters less the ``theta`` indices ``indices`` (a profile holds them fixed)."""
-        held = {int(i) for i in indices}
-        keep = [k for k, i in enumerate(self.indices) if int(i) not in held]
-        if not keep:
-            return None
-        pick = lambda x: tuple(x[k] for k in keep)  # noqa: E731
-        return LinearParameters(self.indices[keep], pick(self.names), self.base[keep], self.step[keep],
-                                self.lower[keep], self.upper[keep], pick(self.to_scale), pick(self.from_scale))  # fmt: skip
+        return _without(self, indices)
 
     def _theta(self, theta: np.ndarray, values: np.ndarray) -> np.ndarray:
         out = np.array(theta, dtype=np.float64)
@@ -347,12 +340,9 @@ class NoiseParameters:
             keep = [k for k in keep if k not in drop]
         if not keep:
             return None
-        picked = [params[k] for k in keep]
         return cls(
             indices=np.asarray([wanted[k] for k in keep], dtype=np.int64), names=tuple(theta_names[wanted[k]] for k in keep),
-            rows=tuple(rows), counts=np.asarray(counts, dtype=np.float64),
-            lower=np.array([float(p.lower) for p in picked]), upper=np.array([float(p.upper) for p in picked]),
-            to_scale=tuple(p.to_scale for p in picked), from_scale=tuple(p.from_scale for p in picked),
+            rows=tuple(rows), counts=np.asarray(counts, dtype=np.float64), **_bounds_and_scales([params[k] for k in keep]),
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -360,13 +350,7 @@ class NoiseParameters:
 
     def without(self, indices: Sequence[int]) -> "NoiseParameters | None":
         """These parameters less the ``theta`` indices ``indices`` (a profile holds them fixed)."""
-        held = {int(i) for i in indices}
-        keep = [k for k, i in enumerate(self.indices) if int(i) not in held]
-        if not keep:
-            return None
-        pick = lambda x: tuple(x[k] for k in keep)  # noqa: E731
-        return NoiseParameters(self.indices[keep], pick(self.names), pick(self.rows), self.counts[keep],
-                               self.lower[keep], self.upper[keep], pick(self.to_scale), pick(self.from_scale))  # fmt: skip
+        return _without(self, indices)
 
     def optimum(self, theta: np.ndarray, r: np.ndarray):
         """``(theta with s*, interior)`` from the residuals ``r`` at ``theta``: ``s* = s sqrt(mean
@@ -487,6 +471,26 @@ class AnalyticParameters:
             theta, inside = self.noise.optimum(theta, r)
             interior.append(inside)
         return theta, np.concatenate(interior)
+
+
+def _bounds_and_scales(params: Sequence[Any]) -> dict:
+    """``lower``, ``upper`` (linear values), ``to_scale`` and ``from_scale`` of study parameters."""
+    return {"lower": np.array([float(p.lower) for p in params]), "upper": np.array([float(p.upper) for p in params]),
+            "to_scale": tuple(p.to_scale for p in params), "from_scale": tuple(p.from_scale for p in params)}  # fmt: skip
+
+
+def _without(found: Any, indices: Sequence[int]) -> Any:
+    """``found`` (a frozen dataclass of per-parameter fields: arrays or tuples, in ``indices``
+    order) less the parameters at the ``theta`` indices ``indices``; None if none is left."""
+    held = {int(i) for i in indices}
+    keep = [k for k, i in enumerate(found.indices) if int(i) not in held]
+    if not keep:
+        return None
+    fields = {}
+    for f in dataclasses.fields(found):
+        value = getattr(found, f.name)
+        fields[f.name] = value[keep] if isinstance(value, np.ndarray) else tuple(value[k] for k in keep)
+    return type(found)(**fields)
 
 
 def schur_complement(H: np.ndarray, free: np.ndarray, linear: np.ndarray) -> np.ndarray:
