@@ -249,6 +249,38 @@ def test_many_chunks_match_one_chunk(one_chunk):
     assert _rel(Hfd, one_chunk["gn"]) < 0.2
 
 
+def test_lanes_in_lock_step_and_one_after_the_other_agree_and_auto_chooses_by_the_steps():
+    """``lane_mode``: the lanes of a chunk in lock-step (vmap) or one after the other (map) give the
+    same numbers in every mode; "auto" (on the CPU) runs them one after the other once the step
+    counts of an evaluation differ so much that lock-step costs more, and stays in lock-step when
+    they are alike."""
+    study = oscillator_study()
+    theta = np.array([-0.8])
+    lowered = {mode: ds.lower(study, lane_mode=mode, hessian="exact") for mode in ("vmap", "map", "auto")}
+    results = {}
+    for mode, low in lowered.items():
+        v, g = low.value_and_grad(theta)
+        r, J = low.residuals_and_jacobian(theta)
+        results[mode] = (low.value(theta), v, g, r, J, low.gauss_newton(theta)[2], low.hessian(theta))
+    for mode in ("map", "auto"):
+        for a, b in zip(results[mode], results["vmap"]):
+            assert _rel(a, b) < 1e-12
+    steps = lowered["vmap"].steps
+    assert steps[:4].min() > 5 * steps[4:].max()  # the fast oscillators take many more steps
+    auto = lowered["auto"]
+    # The first evaluation (value_and_grad) knew no step counts yet: lock-step; the later ones not.
+    assert auto.lane_modes == {("value_and_grad", 0): "vmap", ("jacobian", 0): "map", ("hessian", 0): "map",
+                               ("value", 0): "map"}  # fmt: skip
+    auto.value_and_grad(theta)
+    assert auto.lane_modes[("value_and_grad", 0)] == "map"
+    alike = ds.lower(tiny_study())
+    alike.value(THETA)
+    alike.gauss_newton(THETA)
+    assert set(alike.lane_modes.values()) == {"vmap"}
+    with pytest.raises(ValueError, match="lane_mode='serial' must be one of"):
+        ds.lower(study, lane_mode="serial")
+
+
 def test_small_block_limit_picks_a_smaller_chunk_that_fits():
     study = tiny_study()
     full = ds.lower(study).compile(["value"])

@@ -102,6 +102,19 @@ from ._terms import member_array
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
 HESSIANS = ("auto", "exact", "fd")
 GRADIENTS = ("auto", "adjoint", "forward")
+# How a chunk's lanes run: "vmap" in lock-step (one vectorized loop, as long as its slowest lane),
+# "map" one after the other inside the program (each lane takes its own steps), "auto" chosen per
+# evaluation on a CPU (below), vmap elsewhere (a GPU runs lanes in parallel).
+LANE_MODES = ("auto", "vmap", "map")
+# lane_mode="auto" on a CPU: a lane's step run alone costs up to `cap` times its share of a step of L
+# lanes in lock-step (lanes vectorize the step's small operations and share its fixed costs), about
+# 1 + slope (L - 1) for few lanes. The next evaluation runs the lanes one after the other when, at the
+# step counts of the last evaluation, lock-step would cost more: sum over chunks of L x (most steps)
+# > min(cap, 1 + slope (L - 1)) x (sum of steps). (slope, cap) measured on the 2-core CPU (PEtab
+# problems of 2-8 experiments, 5 points each): programs that carry forward tangents (0.06, 1.3) --
+# the tangents vectorize each lane's step already -- values and adjoint gradients (0.25, 2.2).
+SEQUENTIAL_COST = {"jacobian": (0.06, 1.3), "forward_gradient": (0.06, 1.3)}
+SEQUENTIAL_COST_OTHERS = (0.25, 2.2)
 # gradient="auto": forward sensitivities up to this many entries of theta, the adjoint above. Forward
 # mode carries one tangent per entry through every step (their solves reuse the step's factors); the
 # adjoint costs a replay and a reverse step per step whatever theta's size, and its program (a second
@@ -161,6 +174,7 @@ class ProgramKey:
         terms: the group's :class:`~diffsoup.inference._problem.LaneTerms` (problem, group,
             objective scale, estimated entries and their scales, adjoint checkpoints).
         lanes: experiments per device per chunk.
+        lane_mode: ``"vmap"`` (the lanes in lock-step) or ``"map"`` (one after the other).
         mesh: the mesh split over its ``"data"`` axis, or None for one device.
         platform: the default device and the x64 flag the program was traced under.
     """
@@ -168,6 +182,7 @@ class ProgramKey:
     kind: str
     terms: LaneTerms
     lanes: int
+    lane_mode: str
     mesh: Any
     platform: tuple
 
@@ -221,11 +236,15 @@ def chunk_function(key: ProgramKey):
     def reduce(x):
         return jax.lax.psum(x, "data") if sharded else x
 
+    def over_lanes(fn, *per_lane):
+        """``fn`` applied to every lane of ``per_lane`` (arrays with a leading lane axis)."""
+        if key.lane_mode == "vmap":
+            return jax.vmap(fn)(*per_lane)
+        return jax.lax.map(lambda xs: fn(*xs), per_lane)
+
     def lanes(theta, arrs, ops, *, forward, residuals):
         full = terms.full_vector(theta, ops)
-        return jax.vmap(
-            lambda a: terms.lane(ops, full, a, forward=forward, residuals=residuals, theta=theta)
-        )(arrs)
+        return over_lanes(lambda a: terms.lane(ops, full, a, forward=forward, residuals=residuals, theta=theta), arrs)
 
     def lanes_and_tangents(theta, arrs, ops, *, residuals):
         """The lanes' ``(outputs, their Jacobian in theta (lanes, ..., k), status, steps)`` by
@@ -246,7 +265,7 @@ def chunk_function(key: ProgramKey):
         def solved(u):
             th = theta.at[D].set(u)
             full = terms.full_vector(th, ops)
-            ys, st, steps, cont = jax.vmap(lambda a: terms.states(ops, full, a, th, forward=True))(arrs)
+            ys, st, steps, cont = over_lanes(lambda a: terms.states(ops, full, a, th, forward=True), arrs)
             return (ys, cont), (ys, cont, st, steps)
 
         if D.size:
@@ -321,6 +340,7 @@ class Program:
     lanes: int
     compiled: Any
     scratch: int
+    lane_mode: str = "vmap"
 
 
 class LoweredStudy(AbstractLoweredStudy):
@@ -329,7 +349,8 @@ class LoweredStudy(AbstractLoweredStudy):
 
     Args:
         problem: the :class:`InferenceProblem`.
-        layout, hessian, chunk_size, block_limit_bytes, fd_step, gradient: as for :func:`lower`.
+        layout, hessian, chunk_size, block_limit_bytes, fd_step, gradient, lane_mode: as for
+            :func:`lower`.
         experiments: study indices or ids of the experiments to evaluate (None: all).
         share_programs_with: a lowered study of the same problem and layout whose compiled programs
             this one reuses and adds to (what :meth:`restrict` passes).
@@ -343,6 +364,8 @@ class LoweredStudy(AbstractLoweredStudy):
         hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
         gradient_mode: ``"auto"``, ``"adjoint"`` or ``"forward"`` as asked; ``gradient_kind`` what
             ``value_and_grad`` (and differenced Hessians) use.
+        lane_mode: ``"auto"``, ``"vmap"`` or ``"map"`` as asked; ``lane_modes`` maps ``(mode,
+            group)`` to ``"vmap"`` or ``"map"``, how that mode's lanes ran at its last evaluation.
         search_log: ``(mode, group, lanes, kind, scratch_bytes, fits)`` of every program compiled
             while choosing chunk sizes.
     """
@@ -357,6 +380,7 @@ class LoweredStudy(AbstractLoweredStudy):
         block_limit_bytes: float | None = None,
         fd_step: float = 1e-3,
         gradient: str = "auto",
+        lane_mode: str = "auto",
         experiments: Sequence[int | str] | None = None,
         share_programs_with: "LoweredStudy | None" = None,
     ):
@@ -368,6 +392,8 @@ class LoweredStudy(AbstractLoweredStudy):
             raise ValueError(f"lower: hessian={hessian!r} must be one of {HESSIANS}.")
         if gradient not in GRADIENTS:
             raise ValueError(f"lower: gradient={gradient!r} must be one of {GRADIENTS}.")
+        if lane_mode not in LANE_MODES:
+            raise ValueError(f"lower: lane_mode={lane_mode!r} must be one of {LANE_MODES}.")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"lower: chunk_size={chunk_size!r} must be a positive integer (experiments per chunk).")
         if block_limit_bytes is not None and not (float(block_limit_bytes) > 0):
@@ -395,6 +421,7 @@ class LoweredStudy(AbstractLoweredStudy):
         self.mesh = layout.mesh if self.n_devices > 1 else None
         devices = self.mesh.devices.reshape(-1) if self.mesh is not None else jax.devices()[:1]
         self.platform = devices[0].platform
+        self.lane_mode = lane_mode
         self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
             default_block_limit(devices[0])
         )
@@ -412,6 +439,8 @@ class LoweredStudy(AbstractLoweredStudy):
         self._group_index = group_index  # each group's index in problem.groups
         self.search_log: list = []
         self._programs: dict = {}
+        self._sequential_programs: dict = {}  # lane_mode="auto": (mode, group) -> lanes one after the other
+        self.lane_modes: dict = {}  # (mode, group) -> how its lanes ran at its last evaluation
         # ProgramKey -> (compiled, scratch bytes), shared by restrictions (beside the process's cache).
         self._compiled: dict = other._compiled if other is not None else {}
         self._chunks: dict = {}
@@ -438,7 +467,8 @@ class LoweredStudy(AbstractLoweredStudy):
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
         return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
                             block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
-                            gradient=self.gradient_mode, experiments=chosen, share_programs_with=self)  # fmt: skip
+                            gradient=self.gradient_mode, lane_mode=self.lane_mode, experiments=chosen,
+                            share_programs_with=self)  # fmt: skip
 
     # -- placement ------------------------------------------------------------------------------
     @property
@@ -528,15 +558,24 @@ class LoweredStudy(AbstractLoweredStudy):
                 self._device_operands = jax.device_put(ops)
         return self._device_operands
 
-    def _compile(self, mode: str, kind: str, gi: int, lanes: int) -> Program:
-        import jax
-
+    def _function_kind(self, mode: str, kind: str) -> str:
+        """The :class:`ProgramKey` kind that runs ``mode`` (``kind``: the Hessian's, for that mode)."""
         fn_kind = {"exact": "exact", "fd": "value_and_grad"}.get(kind, mode) if mode == "hessian" else mode
         if fn_kind == "value_and_grad" and self.gradient_kind == "forward":
             fn_kind = "forward_gradient"
+        return fn_kind
+
+    def _compile(self, mode: str, kind: str, gi: int, lanes: int, lane_mode: str | None = None) -> Program:
+        import jax
+
+        fn_kind = self._function_kind(mode, kind)
+        # Chunk sizes are searched with the lanes in lock-step; "auto" adds the sequential program of
+        # the chosen size when an evaluation asks for it (_sequential_program).
+        lane_mode = lane_mode or ("map" if self.lane_mode == "map" else "vmap")
         # Differenced Hessians run the gradient program; a program is shared by every study with the
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
-        key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, self.mesh, _platform_signature())
+        key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, lane_mode, self.mesh,
+                         _platform_signature())  # fmt: skip
         hit = self._compiled.get(key) or _cached_program(key)
         if hit is None:
             group = self.groups[gi]
@@ -554,8 +593,9 @@ class LoweredStudy(AbstractLoweredStudy):
             ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
             label = {"value_and_grad": "value_and_grad (adjoint)",
                      "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
+            one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
             what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
-                   f"{lanes * self.n_devices} experiment(s) per chunk"  # fmt: skip
+                   f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
             started = time.perf_counter()
             # A listener (the command's progress lines) hears when a compilation starts and ends.
             _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
@@ -568,7 +608,37 @@ class LoweredStudy(AbstractLoweredStudy):
             hit = (compiled, scratch)
             _remember_program(key, hit)
         self._compiled[key] = hit
-        return Program(mode, kind, lanes, hit[0], hit[1])
+        return Program(mode, kind, lanes, hit[0], hit[1], lane_mode)
+
+    def _sequential_program(self, prog: Program, gi: int) -> Program:
+        """``prog`` with its lanes run one after the other (compiled on first use)."""
+        key = (prog.mode, gi)
+        if key not in self._sequential_programs:
+            self._sequential_programs[key] = self._compile(prog.mode, prog.kind, gi, prog.lanes, "map")
+        return self._sequential_programs[key]
+
+    def _runs_sequentially(self, prog: Program, gi: int) -> bool:
+        """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` runs its lanes
+        one after the other, judged from the step counts of the last evaluation
+        (``SEQUENTIAL_COST``); lock-step while any is unknown."""
+        if self.lane_mode != "auto" or self.platform != "cpu" or prog.lanes == 1:
+            return False
+        blocks = self._blocks[gi]
+        D, B = blocks.shape
+        n_chunks = math.ceil(B / prog.lanes)
+        padded = np.full((D, n_chunks * prog.lanes), -1, dtype=np.int64)
+        padded[:, :B] = blocks
+        steps = np.where(padded >= 0, self.steps[np.maximum(padded, 0)], 0).astype(np.float64)
+        real = padded >= 0
+        if np.any(steps[real] < 0):
+            return False
+        steps[~real] = steps[real].mean()  # a padding lane solves a copy of some experiment
+        steps = steps.reshape(D, n_chunks, prog.lanes)
+        # A chunk takes as long as its busiest device.
+        lockstep = float(np.sum(np.max(prog.lanes * steps.max(axis=2), axis=0)))
+        sequential = float(np.sum(np.max(steps.sum(axis=2), axis=0)))
+        slope, cap = SEQUENTIAL_COST.get(self._function_kind(prog.mode, prog.kind), SEQUENTIAL_COST_OTHERS)
+        return lockstep > min(cap, 1.0 + slope * (prog.lanes - 1)) * sequential
 
     def _program(self, mode: str, gi: int) -> Program:
         key = (mode, gi)
@@ -650,6 +720,9 @@ class LoweredStudy(AbstractLoweredStudy):
         outs, orders = [], []
         for gi in range(len(self.groups)) if groups is None else groups:
             prog = self._program(mode, gi)
+            if self._runs_sequentially(prog, gi):
+                prog = self._sequential_program(prog, gi)
+            self.lane_modes[(mode, gi)] = prog.lane_mode
             for order, data in self._chunk_data(gi, prog.lanes):
                 outs.append(prog.compiled(theta, data, self._operands()))
                 orders.append(order)
@@ -814,6 +887,7 @@ def lower(
     block_limit_bytes: float | None = None,
     fd_step: float = 1e-3,
     gradient: str = "auto",
+    lane_mode: str = "auto",
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -836,6 +910,13 @@ def lower(
             ``"auto"`` (forward up to ``FORWARD_GRADIENT_MAX_THETA`` entries, where it runs and
             compiles faster, the adjoint above). Both are exact derivatives of the discrete
             solution; they agree to rounding.
+        lane_mode: how the experiments of a chunk run: ``"vmap"`` in lock-step (one vectorized
+            loop, which runs until its slowest experiment is done), ``"map"`` one after the other
+            within the program (each takes only its own steps), or ``"auto"`` (default): on a GPU,
+            which runs lanes in parallel, ``"vmap"``; on a CPU, per evaluation, ``"map"`` when the
+            step counts of the last evaluation differ so much between lanes that lock-step would
+            cost more (``SEQUENTIAL_COST``; the second program compiles when first
+            needed). The same numbers either way, to rounding.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
@@ -855,4 +936,5 @@ def lower(
     else:
         raise TypeError(f"lower: study must be a ds.Study or ds.inference.InferenceProblem, not {type(study).__name__}.")
     return LoweredStudy(problem, layout=layout, hessian=hessian, chunk_size=chunk_size,
-                        block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient)  # fmt: skip
+                        block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient,
+                        lane_mode=lane_mode)  # fmt: skip
