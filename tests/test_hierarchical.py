@@ -145,7 +145,7 @@ def test_offsets_scalings_and_a_noise_level_together_give_the_full_fits_optimum(
     assert H[0, 0] == pytest.approx((value(x + h) - 2 * v + value(x - h)) / h**2, rel=1e-3)
 
 
-def _two_noise_levels_study(distribution=Gaussian):
+def _two_noise_levels_study(distribution=Gaussian, sd2_scale="log10"):
     """Two experiments with their own noise level (sd1, sd2) and one offset o over both."""
     rng = np.random.default_rng(5)
     exps = []
@@ -154,8 +154,44 @@ def _two_noise_levels_study(distribution=Gaussian):
         exps.append(ds.Experiment(f"e{i}", TIMES, d, observables=lambda y, p: y + p["o"], y0=[1.0],
                                   noise=distribution(f"sd{i + 1}"), observable_parameters={"o": "o"}))  # fmt: skip
     params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("o", 0.0, -5.0, 5.0, scale="lin"),
-              Parameter("sd1", 0.1, 1e-3, 10.0), Parameter("sd2", 0.1, 1e-3, 10.0)]  # fmt: skip
+              Parameter("sd1", 0.1, 1e-3, 10.0), Parameter("sd2", 0.1, 1e-3, 10.0, scale=sd2_scale)]  # fmt: skip
     return ds.Study(problem(), exps, params)
+
+
+@pytest.mark.parametrize("distribution", [Gaussian, ds.inference.LogNormal], ids=["gaussian", "lognormal"])
+def test_noise_levels_alone_take_one_evaluation_equal_to_evaluating_at_their_optimum(distribution):
+    """With noise levels alone analytic, value and Gauss-Newton come from one evaluation at the
+    template's spreads, the rows moved to the optimum: equal to evaluating there (and to the
+    two-evaluation path); the reduced gradient matches central differences of the reduced value.
+    sd2 on a linear scale (its own column's slope differs from log10's)."""
+    low = ds.lower(_two_noise_levels_study(distribution, sd2_scale="lin"), solver=SOLVER)
+    found = AnalyticParameters.find(low, ["sd1", "sd2"])
+    assert found.affine is None and found.noise.names == ("sd1", "sd2")
+    objective = StartObjective(low, analytic=found)
+    assert objective.free.tolist() == [0, 1]
+    x = np.array([-0.2, 0.5])
+    calls, compute = [], low.compute
+    low.compute = lambda mode, theta: (calls.append(mode), compute(mode, theta))[1]
+    v, g, H = objective.gauss_newton(x)
+    theta = objective.theta(x)
+    assert calls == ["jacobian"]
+    assert np.all(theta[2:] != low.nominal[2:])
+    v_at, g_at, H_at = low.gauss_newton(theta)
+    assert v == pytest.approx(v_at, rel=1e-12)
+    np.testing.assert_allclose(g, g_at[:2], rtol=1e-9, atol=1e-9 * np.max(np.abs(g_at)))
+    from diffsoup.inference._hierarchical import schur_complement
+
+    np.testing.assert_allclose(H, schur_complement(H_at, np.array([0, 1]), np.array([2, 3])), rtol=1e-9)
+    assert objective.value(x) == pytest.approx(v_at, rel=1e-12)
+    two = StartObjective(low, analytic=found)
+    two._noise_alone = False  # the path that evaluates at the optimum found from the residuals
+    v2, g2, H2 = two.gauss_newton(x)
+    assert v2 == pytest.approx(v, rel=1e-12) and calls[-2:] == ["residuals", "gauss_newton"]
+    np.testing.assert_allclose(g2, g, rtol=1e-9)
+    np.testing.assert_allclose(H2, H, rtol=1e-9)
+    h = 1e-5
+    fd = [(objective.value(x + h * e) - objective.value(x - h * e)) / (2 * h) for e in np.eye(2)]
+    np.testing.assert_allclose(g, fd, rtol=1e-5)
 
 
 def test_what_cannot_be_optimized_analytically_as_a_noise_level_is_refused_or_left_out():

@@ -26,7 +26,10 @@ objective as ``sum_i (0.5 e_i^2 / (s c_i)^2 + log s) + const`` over its ``n`` ce
 over ``s`` is at ``s*^2 = (1/n) sum_i (e_i / c_i)^2``: from the residuals ``r_i = e_i / (s0 c_i)`` at
 any ``s0``, ``s* = s0 sqrt(mean r_i^2)``, clipped to the bounds (the objective is unimodal in
 ``log s``). One residual evaluation finds every noise level (none more where offsets or scaling
-factors are found too: their residuals at ``v*`` are ``a - B v*``). Offsets and scaling factors
+factors are found too: their residuals at ``v*`` are ``a - B v*``). With noise levels alone, the
+value, gradient and Gauss-Newton matrix come from that same evaluation: the residuals and their
+Jacobian at ``s0`` moved to ``s*`` row by row (:meth:`NoiseParameters.moved`), so a trial point
+costs one evaluation, as without them. Offsets and scaling factors
 are optimized first, with the spreads of the evaluation point: exact when no offset or scaling
 factor reaches cells of two noise levels, or of a noise level and a fixed spread (then their
 optimum does not depend on the noise levels), which :meth:`AnalyticParameters.find` checks. The
@@ -256,7 +259,9 @@ class NoiseParameters:
     Attributes:
         indices: their positions in ``theta``; names: their ``theta`` names.
         rows: per parameter, the residual rows of its cells' data (their ``(T(h) - T(d)) / sigma``).
-        counts: per parameter, its cells (the rows of their ``sqrt(2 log sigma + K)`` terms).
+        log_rows: per parameter, the rows of its cells' ``sqrt(2 log sigma + K)`` terms.
+        counts: per parameter, its cells (the number of its ``log_rows``).
+        log_slopes: per parameter, ``d log(s) / d theta_j`` as a function of ``s`` (its scale's).
         lower, upper: their bounds, linear values.
         to_scale, from_scale: per parameter, linear value -> ``theta`` coordinate and back.
     """
@@ -264,7 +269,9 @@ class NoiseParameters:
     indices: np.ndarray
     names: tuple[str, ...]
     rows: tuple[np.ndarray, ...]
+    log_rows: tuple[np.ndarray, ...]
     counts: np.ndarray
+    log_slopes: tuple[Callable[[float], float], ...]
     lower: np.ndarray
     upper: np.ndarray
     to_scale: tuple[Callable[[float], float], ...]
@@ -301,7 +308,7 @@ class NoiseParameters:
         params = [prob.study.entries[prob.estimated[j]].parameter for j in wanted]
         r0 = _finite_residuals(lowered, theta, "the base point")
         rounding = 1e-12 * (1.0 + float(np.max(np.abs(r0))))
-        keep, rows, counts, reasons = [], [], [], {}
+        keep, rows, log_rows, reasons = [], [], [], {}
         for k, (j, p) in enumerate(zip(wanted, params)):
             s0 = float(p.from_scale(theta[j]))
             c = 2.0 if 2.0 * s0 <= p.upper else 0.5
@@ -320,7 +327,7 @@ class NoiseParameters:
             else:
                 keep.append(k)
                 rows.append(np.flatnonzero(data))
-                counts.append(int(logs.sum()))
+                log_rows.append(np.flatnonzero(logs))
         if names is not True and reasons:
             k, why = next(iter(reasons.items()))
             raise ValueError(
@@ -336,13 +343,14 @@ class NoiseParameters:
                                  "(a spread that is their product); name one of them.")  # fmt: skip
             drop = set(shared)
             rows = [r for k, r in zip(keep, rows) if k not in drop]
-            counts = [n for k, n in zip(keep, counts) if k not in drop]
+            log_rows = [r for k, r in zip(keep, log_rows) if k not in drop]
             keep = [k for k in keep if k not in drop]
         if not keep:
             return None
         return cls(
             indices=np.asarray([wanted[k] for k in keep], dtype=np.int64), names=tuple(theta_names[wanted[k]] for k in keep),
-            rows=tuple(rows), counts=np.asarray(counts, dtype=np.float64), **_bounds_and_scales([params[k] for k in keep]),
+            rows=tuple(rows), log_rows=tuple(log_rows), counts=np.asarray([r.size for r in log_rows], dtype=np.float64),
+            log_slopes=tuple(_LOG_SLOPES[params[k].scale] for k in keep), **_bounds_and_scales([params[k] for k in keep]),
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -365,6 +373,29 @@ class NoiseParameters:
             interior[k] = v - self.lower[k] > 1e-12 * span and self.upper[k] - v > 1e-12 * span
             out[j] = float(self.to_scale[k](v))
         return out, interior
+
+    def moved(self, theta: np.ndarray, r: np.ndarray, J: np.ndarray | None = None):
+        """``(theta with s*, interior, r*, J*)``: the residuals and their Jacobian at the optimum,
+        from ``r`` and ``J`` at ``theta`` (no evaluation more). With ``q = s/s*`` a parameter's data
+        rows are ``q r`` (their derivatives ``q J``), its log-spread rows ``sqrt(r^2 + 2 log(s*/s))``
+        (derivatives ``r/r* J``: the factor per cell may depend on other parameters); in its own
+        column, data rows ``-r* dlog(s)/dtheta_j`` and log-spread rows ``dlog(s)/dtheta_j / r*``."""
+        out, interior = self.optimum(theta, r)
+        r = np.array(r, dtype=np.float64)
+        J = None if J is None else np.array(J, dtype=np.float64)  # None: the residuals alone
+        for k, j in enumerate(self.indices):
+            s, best = float(self.from_scale[k](float(theta[j]))), float(self.from_scale[k](float(out[j])))
+            data, logs = self.rows[k], self.log_rows[k]
+            r_log = np.sqrt(r[logs] ** 2 + 2.0 * np.log(best / s))
+            if J is not None:
+                slope = self.log_slopes[k](best)
+                J[data] *= s / best
+                J[logs] *= (r[logs] / r_log)[:, None]
+                J[data, j] = -r[data] * (s / best) * slope
+                J[logs, j] = slope / r_log
+            r[data] *= s / best
+            r[logs] = r_log
+        return out, interior, r, J
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -471,6 +502,12 @@ class AnalyticParameters:
             theta, inside = self.noise.optimum(theta, r)
             interior.append(inside)
         return theta, np.concatenate(interior)
+
+
+# d log(s) / d theta for a parameter on each scale, as a function of its linear value s.
+_LOG_SLOPES: dict[str, Callable[[float], float]] = {
+    "lin": lambda s: 1.0 / s, "log": lambda s: 1.0, "log10": lambda s: float(np.log(10.0)),
+}
 
 
 def _bounds_and_scales(params: Sequence[Any]) -> dict:

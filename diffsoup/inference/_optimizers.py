@@ -94,6 +94,9 @@ class StartObjective:
         self._on_evaluation = on_evaluation
         self._cache: tuple = (None, None)
         self._inner: tuple = (None, None)
+        # Noise levels alone: their optimum and the residuals there follow from one evaluation at any
+        # spread (NoiseParameters.moved), so value and Gauss-Newton evaluate once, not twice.
+        self._noise_alone = self.analytic is not None and self.analytic.affine is None
 
     def theta(self, x) -> np.ndarray:
         """The full ``theta`` of free coordinates ``x`` (with the analytic optimum of the
@@ -144,8 +147,27 @@ class StartObjective:
         """``(experiment id, status name, count)`` of the failed solves met so far."""
         return tuple((eid, name, n) for (eid, name), n in self.failures.items())
 
+    def _noise_moved(self, x, jacobian: bool):
+        """Noise levels alone: ``(r*, J* or None)`` at their optimum from one evaluation at ``x``
+        with the template's spreads (recorded as the point's inner optimum); None where it failed."""
+        theta = self._filled(x)
+        key = theta[self.free].tobytes()
+        if jacobian:
+            r, J = self.lowered.residuals_and_jacobian(theta)
+        else:
+            r, J = self.lowered.residuals(theta), None
+        if self._failed() or not (np.all(np.isfinite(r)) and (J is None or np.all(np.isfinite(J)))):
+            self._inner = (key, None)
+            return None
+        theta, interior, r, J_moved = self.analytic.noise.moved(theta, r, J)
+        self._inner = (key, (theta, self.analytic.indices[interior]))
+        return r, (J_moved if jacobian else None)
+
     def value(self, x) -> float:
         """The objective (NaN where a solve failed)."""
+        if self._noise_alone:
+            moved = self._noise_moved(x, jacobian=False)
+            return math.nan if moved is None else float(self.scale * moved[0] @ moved[0] + self.offset)
         found = self._at(x)
         if found is None:
             return math.nan
@@ -165,6 +187,15 @@ class StartObjective:
 
     def gauss_newton(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         """Value, gradient and Gauss-Newton Hessian ``2 scale J^T J`` (NaN where a solve failed)."""
+        if self._noise_alone:
+            n = self.free.size
+            moved = self._noise_moved(x, jacobian=True)
+            if moved is None:
+                return math.nan, np.full(n, math.nan), np.full((n, n), math.nan)
+            r, J = moved
+            interior = self._inner[1][1]
+            v, g, H = self.scale * r @ r + self.offset, 2.0 * self.scale * J.T @ r, 2.0 * self.scale * J.T @ J
+            return float(v), g[self.free], schur_complement(H, self.free, interior)
         found = self._at(x)
         if found is None:
             n = self.free.size
