@@ -38,7 +38,7 @@ objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
 
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
                                     [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
-                                    [--fides-hessians gauss_newton hybrid ...] [--hierarchical [all|noise]]
+                                    [--fides-hessians gauss_newton hybrid ...] [--hierarchical [all|noise|none]]
                                     [--reuse-pypesto EARLIER.json] [--reuse-diffsoup EARLIER.json]
 
 ``--fides-hessians`` runs fides once per Hessian named (``ds.inference.Fides(hessian=H)``; rows
@@ -47,7 +47,9 @@ targets are not judged).
 
 ``--hierarchical`` also runs each method with ``fit(hierarchical=True)`` (scaling factors, offsets
 and noise levels optimized analytically; rows "M hierarchical"), ``--hierarchical noise`` with the
-noise levels alone (rows "M noise levels analytic"), from the same starts. ``--reuse-pypesto``
+noise levels named (rows "M noise levels analytic"; what the default does since it takes the noise
+levels that qualify), ``--hierarchical none`` with ``hierarchical=False`` (rows "M, no analytic
+noise levels": the default before), from the same starts. ``--reuse-pypesto``
 takes pyPESTO's rows from an earlier run's JSON where that run had the same problem, start points
 and tolerances (pyPESTO's side does not change with diffsoup's code; a Fujita run of 20 starts
 takes it 12 minutes); such rows carry ``reused_from``. ``--reuse-diffsoup`` takes diffsoup's rows
@@ -144,16 +146,17 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
     out: dict = {"nominal_nll": nominal, "lower_and_value_s": time.perf_counter() - t,
                  "lower_and_value_cpu_s": time.process_time() - c, "methods": {}}  # fmt: skip
     rows = method_variants(methods, hessians)
-    analytic_setting = {None: None, "all": True}.get(hierarchical)
+    analytic_setting = {None: None, "all": True, "none": False}.get(hierarchical)
     if hierarchical == "noise":
         from diffsoup.inference._hierarchical import NoiseParameters
 
         found = NoiseParameters.find(lowered, True)
         analytic_setting = list(found.names) if found is not None else None
-    variants = [(*r, False) for r in rows] + ([(*r, analytic_setting) for r in rows] if analytic_setting else [])
-    suffix = " hierarchical" if hierarchical == "all" else " noise levels analytic"
+    extra = [(*r, analytic_setting) for r in rows] if analytic_setting is not None else []
+    variants = [(*r, None) for r in rows] + extra
+    suffix = {"all": " hierarchical", "noise": " noise levels analytic", "none": ", no analytic noise levels"}.get(hierarchical)
     for name, method, analytic in variants:
-        label = f"{name}{suffix}" if analytic else name
+        label = f"{name}{suffix}" if analytic is not None else name
         if label in (reused or {}):
             out["methods"][label] = reused[label]
             continue
@@ -363,9 +366,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
-    parser.add_argument("--hierarchical", nargs="?", const="all", choices=("all", "noise"),
+    parser.add_argument("--hierarchical", nargs="?", const="all", choices=("all", "noise", "none"),
                         help="also run each method with fit(hierarchical=True) (all: scalings, offsets and noise levels "
-                        "optimized analytically) or with the noise levels alone (noise)")  # fmt: skip
+                        "optimized analytically), with the noise levels named (noise) or with hierarchical=False (none)")  # fmt: skip
     parser.add_argument("--reuse-pypesto", type=Path, metavar="JSON",
                         help="take pyPESTO's results from an earlier run's JSON where it holds the same problem, start "
                         "points and tolerances (marked 'reused_from'); the others are run")  # fmt: skip

@@ -506,9 +506,10 @@ def test_fit_hessian_is_read_checked_and_named_in_errors(tmp_path):
 
 
 def test_fit_hierarchical_is_read_checked_and_named_in_errors(tmp_path):
-    """``[fit] hierarchical`` is false by default, true, or estimated parameters' names; anything
+    """``[fit] hierarchical`` is None where the file does not say (fit's default: the noise
+    levels), false, true, or estimated parameters' names; anything
     else (a number, an empty list, a name that is not estimated) is refused with the field's line."""
-    assert load_study(write(tmp_path)).fit["hierarchical"] is False
+    assert load_study(write(tmp_path)).fit["hierarchical"] is None
     for value, read in (("true", True), ('["k2"]', ("k2",))):
         text = HEAD + f"\n[fit]\nhierarchical = {value}\n" + EXPERIMENTS
         assert load_study(write(tmp_path, text)).fit["hierarchical"] == read

@@ -35,7 +35,8 @@ Paths are relative to the study file. Every error names the file, the line and t
     [fit]                                # optional defaults of `diffsoup fit` / `campaign`
     method = "fides"                     # fides (default), trf (least squares) or lbfgsb (adjoint)
     hessian = "gauss_newton"             # fides only: gauss_newton (default), hybrid, exact, bfgs, sr1
-    hierarchical = false                 # true (or names): scalings/offsets optimized analytically
+    hierarchical = true                  # true (or names): scalings/offsets/noise levels analytic;
+                                         # false: none; absent: noise levels (fit's default)
     starts = 4
     seed = 0
     max_nfev = 200
@@ -167,7 +168,7 @@ OBJECTIVES = ("nll", "chi2")
 PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
 # The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
 DEFAULT_FIT = {"method": DEFAULT_METHOD, "hessian": DEFAULT_HESSIAN, "starts": 4, "seed": 0, "max_nfev": None,
-               "objective": "nll", "hierarchical": False}
+               "objective": "nll", "hierarchical": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -596,10 +597,11 @@ def _fit(r: TomlReader, table: dict) -> dict:
     }
 
 
-def _hierarchical(r: TomlReader, value: Any) -> bool | tuple[str, ...]:
+def _hierarchical(r: TomlReader, value: Any) -> bool | tuple[str, ...] | None:
     """``[fit] hierarchical``: true, false, or the names of the parameters to optimize analytically
-    (checked against the estimated parameters once those are read)."""
-    if isinstance(value, bool):
+    (checked against the estimated parameters once those are read); None where the file does not
+    say (``fit``'s default: the noise levels that qualify)."""
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, list):
         names = r.names(value, ("fit", "hierarchical"))

@@ -411,23 +411,32 @@ class AnalyticParameters:
     noise: NoiseParameters | None
 
     @classmethod
-    def find(cls, lowered: AbstractLoweredStudy, names: bool | Sequence[str] = True,
+    def find(cls, lowered: AbstractLoweredStudy, names: bool | Sequence[str] | None = True,
              theta: Any = None) -> "AnalyticParameters | None":  # fmt: skip
         """The parameters of ``lowered`` to optimize analytically (``fit(hierarchical=names)``):
         True takes the offsets and scaling factors (:meth:`LinearParameters.find`) and the noise
         levels (:meth:`NoiseParameters.find`) that qualify, leaving out offsets and scaling
         factors whose cells have more than one noise level or a noise level and fixed spreads
         (their optimum would depend on the noise levels); names go to the kind their parameter
-        reaches the objective as (a spread: noise level), and each must qualify.
+        reaches the objective as (a spread: noise level), and each must qualify. None (``fit``'s
+        default) takes the noise levels that qualify alone, and none where the residuals at
+        ``theta`` are not finite (the fit then runs without them rather than fail).
 
         Returns:
-            The :class:`AnalyticParameters`, or None where ``names`` is True and none qualifies.
+            The :class:`AnalyticParameters`, or None where ``names`` is True or None and none
+            qualifies.
 
         Raises:
             ValueError: as the two ``find``; for named offsets or scaling factors whose cells
                 have more than one noise level.
         """
         prob = lowered.problem
+        if names is None:
+            try:
+                noise = NoiseParameters.find(lowered, True, theta)
+            except ValueError:  # residuals not finite at theta: nothing to find them from
+                return None
+            return None if noise is None else cls(None, noise)
         if names is True:
             affine, noise = LinearParameters.find(lowered, True, theta), NoiseParameters.find(lowered, True, theta)
         else:

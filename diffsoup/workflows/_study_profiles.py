@@ -128,7 +128,8 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
         method: the re-optimization at each profile point (``fides``, ``trf`` or ``lbfgsb``).
         max_steps: most profile points per direction (None: ``ProfileOptions``' default).
         hierarchical: offsets, scaling factors and noise levels optimized analytically at each profile point
-            (True, False or their names; None: the file's ``[fit] hierarchical``, as the fit).
+            (True, False or their names; None: the file's ``[fit] hierarchical``, as the fit, and
+            none where the file does not say).
         client: a ``distributed.Client``, or None to run here.
         resume, on_conflict: as for ``checkpointed_map``.
         progress: a progress bar over the profiles on stderr.
@@ -158,8 +159,10 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
     names = tuple(lowered.problem.theta_names)
     store = fit_store_of(from_fit)
     theta, fit_objective = _fit_optimum(store, names)
+    if hierarchical is None:  # the file's; where it does not say, profiles optimize every parameter (ProfileOptions')
+        hierarchical = sf.fit["hierarchical"] if sf.fit["hierarchical"] is not None else False
     options = ProfileOptions(confidence=float(confidence), simultaneous=bool(simultaneous), optimizer=optimizer_of(method),
-                             hierarchical=sf.fit["hierarchical"] if hierarchical is None else hierarchical)  # fmt: skip
+                             hierarchical=hierarchical)  # fmt: skip
     hierarchical = options.hierarchical if isinstance(options.hierarchical, bool) else list(options.hierarchical)
     if max_steps is not None:
         options = replace(options, max_steps=int(max_steps))

@@ -246,7 +246,7 @@ def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchica
     if s["method"] not in METHODS:
         raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
     h = s["hierarchical"]  # kept as JSON writes it: the summary and the campaign's ledger hold it
-    s["hierarchical"] = h if isinstance(h, bool) else [h] if isinstance(h, str) else list(h)
+    s["hierarchical"] = h if h is None or isinstance(h, bool) else [h] if isinstance(h, str) else list(h)
     if hessian is not None and s["method"] != "fides":
         if method is None:  # the method is the file's: the file and the override disagree
             from ..formats import StudyFileError
@@ -274,7 +274,7 @@ def _method_label(settings: Mapping[str, Any]) -> str:
 
 def _fit_entries(settings: Mapping[str, Any]) -> dict:
     """The summary's ``hessian`` (fides' Hessian; not there for the other methods) and
-    ``hierarchical`` (false, true or the names) entries."""
+    ``hierarchical`` (false, true, the names, or null: ``fit``'s default, the noise levels) entries."""
     return {**({"hessian": settings["hessian"]} if settings["method"] == "fides" else {}),
             "hierarchical": settings["hierarchical"]}  # fmt: skip
 
