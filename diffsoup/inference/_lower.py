@@ -333,14 +333,15 @@ def chunk_function(key: ProgramKey):
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """A compiled chunk program: ``lanes`` experiments per device per chunk, its scratch bytes."""
+    """A compiled chunk program: ``lanes`` experiments per device per chunk (run as ``lane_mode``
+    says), its scratch bytes."""
 
     mode: str
     kind: str
     lanes: int
     compiled: Any
     scratch: int
-    lane_mode: str = "vmap"
+    lane_mode: str
 
 
 class LoweredStudy(AbstractLoweredStudy):
@@ -623,20 +624,15 @@ class LoweredStudy(AbstractLoweredStudy):
         (``SEQUENTIAL_COST``); lock-step while any is unknown."""
         if self.lane_mode != "auto" or self.platform != "cpu" or prog.lanes == 1:
             return False
-        blocks = self._blocks[gi]
-        D, B = blocks.shape
-        n_chunks = math.ceil(B / prog.lanes)
-        padded = np.full((D, n_chunks * prog.lanes), -1, dtype=np.int64)
-        padded[:, :B] = blocks
-        steps = np.where(padded >= 0, self.steps[np.maximum(padded, 0)], 0).astype(np.float64)
-        real = padded >= 0
+        orders = np.stack(self._orders(gi, prog.lanes)).reshape(-1, self.n_devices, prog.lanes)  # chunk, device, lane
+        real = orders >= 0
+        steps = np.where(real, self.steps[np.maximum(orders, 0)], 0).astype(np.float64)
         if np.any(steps[real] < 0):
             return False
         steps[~real] = steps[real].mean()  # a padding lane solves a copy of some experiment
-        steps = steps.reshape(D, n_chunks, prog.lanes)
         # A chunk takes as long as its busiest device.
-        lockstep = float(np.sum(np.max(prog.lanes * steps.max(axis=2), axis=0)))
-        sequential = float(np.sum(np.max(steps.sum(axis=2), axis=0)))
+        lockstep = float(np.sum(np.max(prog.lanes * steps.max(axis=2), axis=1)))
+        sequential = float(np.sum(np.max(steps.sum(axis=2), axis=1)))
         slope, cap = SEQUENTIAL_COST.get(self._function_kind(prog.mode, prog.kind), SEQUENTIAL_COST_OTHERS)
         return lockstep > min(cap, 1.0 + slope * (prog.lanes - 1)) * sequential
 
