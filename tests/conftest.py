@@ -1,6 +1,7 @@
 """Test configuration: float64 on (diffsoup's default policy needs it), CPU unless a test asks."""
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -55,6 +56,18 @@ def _compiled_programs_freed_after_each_file():
     gc.collect()
 
 
+@contextlib.contextmanager
+def klu_device():
+    """KLU (klujax) runs on the CPU only: on a GPU machine, what builds or runs a KLU problem inside
+    this block goes to the CPU device (module-scoped fixtures use it; tests get it from
+    ``_klu_on_the_cpu``)."""
+    if jax.default_backend() != "cpu":
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    else:
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _klu_on_the_cpu(request):
     """KLU (klujax) runs on the CPU only: on a GPU machine, tests parametrized with a KLU solver,
@@ -65,8 +78,8 @@ def _klu_on_the_cpu(request):
     solver = callspec.params.get("solver") if callspec is not None else None
     uses_klu = (isinstance(solver, ds.linear.KLU) or "klu" in request.node.name.lower()
                 or request.node.get_closest_marker("klu") is not None)
-    if uses_klu and jax.default_backend() != "cpu" and request.node.get_closest_marker("gpu") is None:
-        with jax.default_device(jax.devices("cpu")[0]):
+    if uses_klu and request.node.get_closest_marker("gpu") is None:
+        with klu_device():
             yield
     else:
         yield

@@ -13,6 +13,7 @@ from scipy.integrate._ivp import bdf as scipy_bdf
 import diffsoup as ds
 from diffsoup.examples import OREGO_REFERENCE, ROBER_REFERENCE, brusselator_2d, orego, scd
 from diffsoup.integrate._bdf_coefficients import NDF_KAPPA, advance, coefficients, predict, rescale
+from conftest import klu_device
 
 
 # ---- the history: re-sampling, predictor, update ----------------------------------------------------
@@ -188,8 +189,9 @@ def _scipy_brusselator(problem, y0, rtol, atol):
 @pytest.fixture(scope="module")
 def brusselator8():
     spec = brusselator_2d(8)
-    problem = spec.build(linear_solver=ds.linear.KLU())
-    reference, _ = _scipy_brusselator(problem, spec.y0, 1e-12, 1e-14)
+    with klu_device():
+        problem = spec.build(linear_solver=ds.linear.KLU())
+        reference, _ = _scipy_brusselator(problem, spec.y0, 1e-12, 1e-14)
     return spec, problem, reference
 
 

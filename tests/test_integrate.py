@@ -19,6 +19,7 @@ from diffsoup.examples import (
     rober,
     scd,
 )
+from conftest import klu_device
 
 
 # ---- Test Set for IVP Solvers ------------------------------------------------------------------
@@ -135,7 +136,8 @@ def test_dense_and_klu_agree_on_brusselator_n16():
 def brusselator16_fp64():
     spec = brusselator_2d(16)
     kw = dict(t_eval=[2.0, 6.0], rtol=1e-8, atol=1e-10, discontinuities=(1.1,))
-    return spec, kw, ds.simulate(spec.build(linear_solver=ds.linear.KLU()), **kw)
+    with klu_device():
+        return spec, kw, ds.simulate(spec.build(linear_solver=ds.linear.KLU()), **kw)
 
 
 @pytest.mark.parametrize("mode", ["fp32_ir", "adaptive"])

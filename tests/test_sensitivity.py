@@ -8,6 +8,7 @@ import pytest
 
 import diffsoup as ds
 from diffsoup.examples import brusselator_2d, rober
+from conftest import klu_device
 
 FWD = ds.ForwardMode()
 
@@ -114,7 +115,8 @@ def brusselator_setup():
 
         return loss
 
-    problem = spec.build(linear_solver=ds.linear.KLU())
+    with klu_device():
+        problem = spec.build(linear_solver=ds.linear.KLU())
     return spec, make_loss, problem, problem.parameter_vector(), jnp.asarray(spec.y0)
 
 
