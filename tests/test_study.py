@@ -4,10 +4,12 @@ vs forward-sensitivity Jacobian vs finite differences; one chunk vs many chunks 
 devices; chunk sizing under a block limit; balance_steps."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -262,23 +264,45 @@ def test_lanes_in_lock_step_and_one_after_the_other_agree_and_auto_chooses_by_th
         v, g = low.value_and_grad(theta)
         r, J = low.residuals_and_jacobian(theta)
         results[mode] = (low.value(theta), v, g, r, J, low.gauss_newton(theta)[2], low.hessian(theta))
+    # On the CPU the modes agree to rounding; a GPU's lock-step kernels sum in other orders.
+    tolerance = 1e-12 if jax.default_backend() == "cpu" else 1e-10
     for mode in ("map", "auto"):
         for a, b in zip(results[mode], results["vmap"]):
-            assert _rel(a, b) < 1e-12
+            assert _rel(a, b) < tolerance
     steps = lowered["vmap"].steps
     assert steps[:4].min() > 5 * steps[4:].max()  # the fast oscillators take many more steps
     auto = lowered["auto"]
-    # The first evaluation (value_and_grad) knew no step counts yet: lock-step; the later ones not.
-    assert auto.lane_modes == {("value_and_grad", 0): "vmap", ("jacobian", 0): "map", ("hessian", 0): "map",
-                               ("value", 0): "map"}  # fmt: skip
-    auto.value_and_grad(theta)
-    assert auto.lane_modes[("value_and_grad", 0)] == "map"
     alike = ds.lower(tiny_study())
     alike.value(THETA)
     alike.gauss_newton(THETA)
     assert set(alike.lane_modes.values()) == {"vmap"}
     with pytest.raises(ValueError, match="lane_mode='serial' must be one of"):
         ds.lower(study, lane_mode="serial")
+    if jax.default_backend() == "gpu":
+        # On a GPU the lanes of a chunk run side by side whatever their steps.
+        auto.value_and_grad(theta)
+        assert set(auto.lane_modes.values()) == {"vmap"}
+        return
+    # The first evaluation (value_and_grad) knew no step counts yet: lock-step; the later ones not.
+    assert auto.lane_modes == {("value_and_grad", 0): "vmap", ("jacobian", 0): "map", ("hessian", 0): "map",
+                               ("value", 0): "map"}  # fmt: skip
+    auto.value_and_grad(theta)
+    assert auto.lane_modes[("value_and_grad", 0)] == "map"
+
+
+def test_compile_includes_the_program_with_lanes_one_after_the_other(caplog):
+    """``compile()`` with ``lane_mode="auto"`` on a CPU compiles the sequential program as well: the
+    evaluation that switches to it compiles nothing."""
+    from diffsoup.inference._lower import clear_program_cache
+
+    clear_program_cache()  # programs of other tests would hide a compilation
+    theta = np.array([-0.8])
+    low = ds.lower(oscillator_study()).compile(["value"])
+    with caplog.at_level(logging.INFO, logger="diffsoup.compile"):
+        low.value(theta)
+        low.value(theta)
+    assert low.lane_modes[("value", 0)] == ("map" if jax.default_backend() == "cpu" else "vmap")
+    assert [r.getMessage() for r in caplog.records if r.name == "diffsoup.compile"] == []
 
 
 def test_small_block_limit_picks_a_smaller_chunk_that_fits():
@@ -367,7 +391,7 @@ def test_sharded_over_four_devices_and_balance_steps(one_chunk):
     code = _SHARDED.format(tests=os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
-    assert line, proc.stderr[-3000:]
+    assert line, f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-3000:]}"
     out = json.loads(line[0][len("RESULT"):])
     assert out["devices"] == [0, 1, 2, 3]
     assert _rel(out["value"], one_chunk["value"]) < 1e-10
@@ -397,7 +421,11 @@ def test_exact_hessian_matches_differences_and_auto_falls_back(one_chunk):
     auto = ds.lower(study, hessian="auto", block_limit_bytes=grad_bytes)
     Ha = auto.hessian(THETA)
     assert auto.hessian_kind == "fd" and auto.chunk_sizes["hessian"] == [8]
-    assert [row[3] for row in auto.search_log] == ["exact", "fd"]
+    kinds = [row[3] for row in auto.search_log]
+    if jax.default_backend() == "cpu":
+        assert kinds == ["exact", "fd"]
+    else:  # a GPU's search starts from a probe of its own: exact at the probe and the estimate
+        assert kinds[0] == "exact" and kinds[-1] == "fd"
     assert _rel(Ha, Hfd) < 1e-12
 
 
@@ -451,5 +479,6 @@ def test_gpu_chunk_choice_extrapolates_from_one_probe(monkeypatch):
     assert len(tight.search_log) <= 3  # the probe, the estimate, at most one correction
     # The CPU rule (and any given chunk_size) keeps the halving search from the start given.
     cpu = ds.lower(study, block_limit_bytes=limit)
+    monkeypatch.setattr(cpu, "platform", "cpu")
     cpu.value(THETA)
     assert cpu.chunk_sizes["value"][0] <= chunk and cpu.search_log[0][2] == 100

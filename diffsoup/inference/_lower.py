@@ -684,13 +684,18 @@ class LoweredStudy(AbstractLoweredStudy):
         return max(1, min(B, int(GPU_FILL * self.block_limit_bytes / per_lane)))
 
     def compile(self, modes: Sequence[str] = ("value", "value_and_grad", "jacobian")) -> "LoweredStudy":
-        """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use)."""
+        """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use).
+
+        With ``lane_mode="auto"`` on a CPU this includes each chunk's program with its lanes one
+        after the other, so that no later evaluation of these modes compiles."""
         for mode in modes:
             if mode not in EVALUATION_MODES:
                 raise ValueError(f"compile: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
             mode = "jacobian" if mode == "gauss_newton" else mode  # Gauss-Newton runs the Jacobian program
             for gi in range(len(self.groups)):
-                self._program(mode, gi)
+                prog = self._program(mode, gi)
+                if self.lane_mode == "auto" and self.platform == "cpu" and prog.lanes > 1:
+                    self._sequential_program(prog, gi)
         return self
 
     @property
@@ -912,7 +917,7 @@ def lower(
             which runs lanes in parallel, ``"vmap"``; on a CPU, per evaluation, ``"map"`` when the
             step counts of the last evaluation differ so much between lanes that lock-step would
             cost more (``SEQUENTIAL_COST``; the second program compiles when first
-            needed). The same numbers either way, to rounding.
+            needed, or with ``.compile()``). The same numbers either way, to rounding.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
