@@ -139,6 +139,8 @@ def _check(args) -> int:
     method = f"fides ({f['hessian']} Hessian)" if f["method"] == "fides" else f["method"]
     if f["hierarchical"]:
         method += ", hierarchical" + ("" if f["hierarchical"] is True else f" ({', '.join(f['hierarchical'])})")
+    elif f["hierarchical"] is None:
+        method += ", noise levels that qualify optimized analytically"
     print(f"  fit: {method}, {f['starts']} starts (seed {f['seed']}), max_nfev {f['max_nfev']}, "
           f"objective {f['objective']}")  # fmt: skip
     print(f"  solver: rtol={sf.solver.rtol:g}, atol={sf.solver.atol:g}, max_steps={sf.solver.max_steps}")
@@ -268,7 +270,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
                    help="optimize scaling factors and offsets of observables and noise levels analytically at each "
-                   "evaluation (default: the file's [fit] hierarchical, false)")  # fmt: skip
+                   "evaluation; --no-hierarchical: none (default: the file's [fit] hierarchical; where it does not "
+                   "say, the noise levels that qualify)")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")

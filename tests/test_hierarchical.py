@@ -98,6 +98,11 @@ def test_a_noise_level_is_optimized_to_its_closed_form_value():
     assert result.objective == pytest.approx(nll, abs=1e-8)
     np.testing.assert_allclose(result.theta[:2], theta, atol=1e-6)
     assert result.parameters["sigma"] == pytest.approx(rms, rel=1e-7)
+    assert result.analytic == ("sigma",)
+    # The default (hierarchical=None) takes the noise level too, in fit and in the campaign form.
+    for default in (ds.inference.fit(low, starts=3, seed=1), ds.inference.multistart(low, starts=3, seed=1)):
+        assert default.analytic == ("sigma",) and default.objective == pytest.approx(nll, abs=1e-8)
+    assert ds.inference.fit(low, starts=1, seed=1, hierarchical=False).analytic == ()
     # Away from the optimum the inner optimum is the closed form's too, and a minimum in sigma.
     objective = StartObjective(low, analytic=found)
     x = theta + np.array([0.1, -0.2])

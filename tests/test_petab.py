@@ -915,8 +915,11 @@ def test_the_command_checks_simulates_and_fits_a_petab_problem(tmp_path, capsys)
     fit = tmp_path / "fit"
     assert main(["fit", str(yaml), "-o", str(fit), "--in-process", "--starts", "1", "--max-nfev", "3",
                  "--no-plots"]) == 0  # fmt: skip
+    # The noise level sd_total, the spread of its cells alone, is optimized analytically by default.
+    assert "[diffsoup] optimized analytically at each evaluation: sd_total" in capsys.readouterr().out
     summary = json.loads((fit / "summary.json").read_text())
     assert set(summary["parameters"]) == set(problem.theta_names)
+    assert summary["analytic"] == ["sd_total"]
     assert (fit / "results.zarr").exists() and (fit / "simulation.tsv").exists()
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult, StartResult
 from ..inference._fit import DEFAULT_METHOD, optimizer_of, run_start
+from ..inference._hierarchical import AnalyticParameters
 from ..inference._optimizers import AbstractOptimizer
 from ..inference._starts import replacement_point, start_points
 from ._campaign import checkpointed_map
@@ -35,12 +36,15 @@ class StartTask:
             once per worker process).
         optimizer: the optimizer of each start.
         seed, resample_failed_starts: as for ``fit`` (replacements of a failing start point).
+        analytic: the names of the parameters optimized analytically at each evaluation (as the
+            driver found them; empty for none).
     """
 
     def __init__(self, lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], optimizer: AbstractOptimizer,
-                 seed: int, resample_failed_starts: int):  # fmt: skip
+                 seed: int, resample_failed_starts: int, analytic: Sequence[str] = ()):  # fmt: skip
         self.lowered, self.optimizer = lowered, optimizer
         self.seed, self.resample = int(seed), int(resample_failed_starts)
+        self.analytic = tuple(analytic)
 
     def _study(self) -> AbstractLoweredStudy:
         if isinstance(self.lowered, AbstractLoweredStudy):
@@ -54,8 +58,10 @@ class StartTask:
     def __call__(self, item: dict) -> dict:
         low = self._study()
         index = int(item["index"])
+        analytic = AnalyticParameters.find(low, self.analytic) if self.analytic else None
         s = run_start(low, self.optimizer, np.asarray(item["x0"], dtype=np.float64),
-                      replace=lambda j: replacement_point(low, self.seed, index, j), attempts=self.resample)  # fmt: skip
+                      replace=lambda j: replacement_point(low, self.seed, index, j), attempts=self.resample,
+                      analytic=analytic)  # fmt: skip
         return {"x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
                 "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
                 "n_iterations": s.n_iterations, "seconds": s.seconds, "failures": [list(f) for f in s.failures],
@@ -79,6 +85,7 @@ def multistart(
     method: str | AbstractOptimizer = DEFAULT_METHOD,
     max_nfev: int | None = None,
     resample_failed_starts: int = 10,
+    hierarchical: bool | Sequence[str] | None = None,
     ledger_path: str | os.PathLike | None = None,
     resume: bool = True,
     on_conflict: str = "error",
@@ -91,7 +98,10 @@ def multistart(
     Args:
         lowered: the lowered study, or a picklable factory ``() -> lowered study`` for
             ``execution="dask"`` (each worker builds its own once).
-        starts, seed, method, max_nfev, resample_failed_starts: as for ``ds.inference.fit``.
+        starts, seed, method, max_nfev, resample_failed_starts, hierarchical: as for
+            ``ds.inference.fit`` (by default the noise levels that qualify are optimized
+            analytically; the parameters found are part of each task, so a rerun with another
+            choice is a ledger conflict).
         ledger_path: the JSON ledger; None runs the starts with a throw-away ledger.
         resume, on_conflict, execution, progress, campaign_options: as for ``checkpointed_map``.
 
@@ -107,9 +117,12 @@ def multistart(
     optimizer = optimizer_of(method, max_nfev=max_nfev)
     low = lowered if isinstance(lowered, AbstractLoweredStudy) else lowered()
     points = start_points(low, int(starts), int(seed))
-    items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer)}
-             for i, p in enumerate(points)]  # fmt: skip
-    task = StartTask(lowered, optimizer, seed, resample_failed_starts)
+    found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
+    analytic = list(found.names) if found is not None else []
+    # Without analytic parameters the tasks are as before they could have any (earlier ledgers resume).
+    items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
+              **({"analytic": analytic} if analytic else {})} for i, p in enumerate(points)]  # fmt: skip
+    task = StartTask(lowered, optimizer, seed, resample_failed_starts, analytic)
     kwargs = dict(resume=resume, on_conflict=on_conflict, execution=execution, progress=progress, **campaign_options)
     t0 = time.perf_counter()
     if ledger_path is None:
@@ -121,4 +134,5 @@ def multistart(
     if not finished:
         errors = "; ".join(str(r.error) for r in list(campaign.failures.values())[:3])
         raise RuntimeError(f"multistart: every start failed ({errors}).")
-    return FitResult.from_starts(low, finished, method=optimizer.name, seconds=time.perf_counter() - t0)
+    return FitResult.from_starts(low, finished, method=optimizer.name, seconds=time.perf_counter() - t0,
+                                 analytic=analytic)  # fmt: skip

@@ -92,6 +92,8 @@ class FitResult:
         theta_names: order of ``theta``.
         window_starts: multiple-shooting experiments' fitted window starts, id -> ``(W-1, n)``
             (linear scale; empty for single shooting).
+        analytic: the names of the parameters optimized analytically at each evaluation
+            (``fit(hierarchical=...)``; by default the noise levels that qualify), empty if none.
     """
 
     parameters: dict
@@ -106,6 +108,7 @@ class FitResult:
     n_evaluations: int
     theta_names: tuple
     window_starts: dict = dataclasses.field(default_factory=dict)
+    analytic: tuple = ()
 
     @property
     def message(self) -> str:
@@ -126,9 +129,11 @@ class FitResult:
         return np.isfinite(values) & (values <= reference + float(tolerance))
 
     @classmethod
-    def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float) -> "FitResult":
+    def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float,
+                    analytic: Sequence[str] = ()) -> "FitResult":  # fmt: skip
         """The result of finished starts (e.g. those of a campaign): the best one, with standard
-        errors from the Gauss-Newton Hessian of ``lowered`` at its point.
+        errors from the Gauss-Newton Hessian of ``lowered`` at its point (``analytic``: the names
+        optimized analytically, recorded as given).
 
         Raises:
             RuntimeError: if every start failed.
@@ -157,6 +162,7 @@ class FitResult:
             n_evaluations=sum(r.n_evaluations for r in starts),
             theta_names=prob.theta_names,
             window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
+            analytic=tuple(analytic),
         )
 
 
@@ -299,7 +305,8 @@ def fit(
             bar.finished(results[-1])
     finally:
         bar.close()
-    return FitResult.from_starts(low, results, method=optimizer.name, seconds=time.perf_counter() - t_all)
+    return FitResult.from_starts(low, results, method=optimizer.name, seconds=time.perf_counter() - t_all,
+                                 analytic=analytic.names if analytic is not None else ())  # fmt: skip
 
 
 def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: Any, *, fixed: dict | None = None,

@@ -127,6 +127,8 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
     from ..store import write_fit, write_summary
 
     prob = lowered.problem
+    if result.analytic:
+        log(f"[diffsoup] optimized analytically at each evaluation: {', '.join(result.analytic)}")
     log(f"[diffsoup] writing results to {out} ...")
     predictions = prob.predict(result.theta, points=CURVE_POINTS)
     store = write_fit(result, out / "results.zarr", lowered, overwrite=True, observables=sf.observables,
@@ -163,6 +165,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
         "starts": {"total": int(objectives.size), "finished": int(finite.size),
                    "at_best": int(np.sum(finite - finite.min() <= 0.1)) if finite.size else 0,
                    "best": int(result.best), "message": result.message},
+        "analytic": list(result.analytic),
         "evaluations": int(result.n_evaluations), "seconds": round(float(result.seconds), 3),
         "experiment_status": _status_counts(predictions), "failed_solves_during_fit": dict(failures),
         "results": _relative(store, out), "plots": [_relative(p, out) for p in pictures], **extra,
@@ -417,8 +420,11 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
                                    str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
                                    float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
+    h = settings["hierarchical"]  # the parameters the tasks optimized analytically, found as they found them
+    found = AnalyticParameters.find(lowered, h) if h is None or h else None
     try:
-        result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds)
+        result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds,
+                                       analytic=found.names if found is not None else ())  # fmt: skip
     except RuntimeError as exc:
         _explain_failed_fit(sf, exc)
         raise
