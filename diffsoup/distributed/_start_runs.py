@@ -119,7 +119,7 @@ def multistart(
     points = start_points(low, int(starts), int(seed))
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
-    # Without analytic parameters the tasks are as before they could have any (earlier ledgers resume).
+    # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
     items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
               **({"analytic": analytic} if analytic else {})} for i, p in enumerate(points)]  # fmt: skip
     task = StartTask(lowered, optimizer, seed, resample_failed_starts, analytic)
