@@ -113,6 +113,21 @@ def test_a_noise_level_is_optimized_to_its_closed_form_value():
         assert low.value(inner + np.array([0.0, 0.0, d])) > low.value(inner)
 
 
+def test_the_default_leaves_noise_levels_to_the_optimizer_where_the_jacobian_would_be_large(monkeypatch):
+    """Analytic noise levels bring the residuals' Jacobian to the host at each evaluation: the
+    default takes them only up to ``DEFAULT_MAX_JACOBIAN_ENTRIES`` entries; named, they are taken."""
+    from diffsoup.inference import _hierarchical
+
+    low = ds.lower(decay_study(0, estimate_sigma=True), solver=SOLVER)
+    entries = 2 * low.problem.study.n_measured * low.problem.n_theta
+    monkeypatch.setattr(_hierarchical, "DEFAULT_MAX_JACOBIAN_ENTRIES", entries)
+    assert AnalyticParameters.find(low, None).names == ("sigma",)
+    monkeypatch.setattr(_hierarchical, "DEFAULT_MAX_JACOBIAN_ENTRIES", entries - 1)
+    assert AnalyticParameters.find(low, None) is None
+    assert ds.inference.fit(low, starts=1, seed=1).analytic == ()
+    assert AnalyticParameters.find(low, ["sigma"]).names == ("sigma",)
+
+
 def _scaled_offset_study(estimate_sigma=False):
     """h = s y + o with y' = -k y: s and o enter affinely, jointly (sigma estimated: the spread
     of every cell, 'sd')."""

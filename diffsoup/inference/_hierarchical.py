@@ -69,6 +69,11 @@ from ._abstract_lowered import AbstractLoweredStudy
 AFFINE_RTOL = 1e-6
 # A column of B this small (relative to 1 + max |r|) means the parameter changes no residual.
 NO_EFFECT_RTOL = 1e-12
+# Noise levels optimized analytically bring the residuals' Jacobian to the host at each evaluation
+# (rows x theta; the plain Gauss-Newton evaluation sums it where it is computed, and only theta x
+# theta travels). fit's default takes them only where that Jacobian has at most this many entries
+# (128 MB in float64): a PEtab problem's is thousands, a study of a million experiments' is 10^8.
+DEFAULT_MAX_JACOBIAN_ENTRIES = 2**24
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -420,7 +425,9 @@ class AnalyticParameters:
         (their optimum would depend on the noise levels); names go to the kind their parameter
         reaches the objective as (a spread: noise level), and each must qualify. None (``fit``'s
         default) takes the noise levels that qualify alone, and none where the residuals at
-        ``theta`` are not finite (the fit then runs without them rather than fail).
+        ``theta`` are not finite (the fit then runs without them rather than fail) or where the
+        residuals' Jacobian would exceed ``DEFAULT_MAX_JACOBIAN_ENTRIES`` (twice the measured
+        values times theta: it travels to the host at each evaluation; name them to have them).
 
         Returns:
             The :class:`AnalyticParameters`, or None where ``names`` is True or None and none
@@ -432,6 +439,8 @@ class AnalyticParameters:
         """
         prob = lowered.problem
         if names is None:
+            if 2 * prob.study.n_measured * prob.n_theta > DEFAULT_MAX_JACOBIAN_ENTRIES:
+                return None
             try:
                 noise = NoiseParameters.find(lowered, True, theta)
             except ValueError:  # residuals not finite at theta: nothing to find them from
