@@ -920,6 +920,9 @@ def test_the_command_checks_simulates_and_fits_a_petab_problem(tmp_path, capsys)
     summary = json.loads((fit / "summary.json").read_text())
     assert set(summary["parameters"]) == set(problem.theta_names)
     assert summary["analytic"] == ["sd_total"]
+    import zarr
+
+    assert zarr.open_group(str(fit / "results.zarr"), mode="r").attrs["analytic"] == ["sd_total"]
     assert (fit / "results.zarr").exists() and (fit / "simulation.tsv").exists()
 
 

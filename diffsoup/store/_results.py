@@ -5,6 +5,7 @@ Fit store layout (Zarr v3, ``format = "diffsoup.fit/1"``)::
     <path>/                           group; attrs: format, kind ("fit"), method, objective,
                                       theta_names, parameters (linear values by name),
                                       standard_errors (scaled coordinates, by name), states,
+                                      analytic (names optimized analytically at each evaluation),
                                       complete (written last)
         theta                         float64 (k,): the best point (scaled coordinates)
         covariance                    float64 (k, k)
@@ -183,7 +184,7 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, 
             format=FORMAT, kind="fit", method=result.method, objective=float(result.objective),
             theta_names=list(result.theta_names), parameters={k: float(v) for k, v in result.parameters.items()},
             standard_errors={k: float(v) for k, v in result.standard_errors.items()},
-            states=list(problem.study.problem.state_names),
+            states=list(problem.study.problem.state_names), analytic=list(result.analytic),
         )  # fmt: skip
     return Path(path)
 
