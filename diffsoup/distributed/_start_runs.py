@@ -26,6 +26,9 @@ from ..inference._starts import replacement_point, start_points
 from ._campaign import checkpointed_map
 
 _LOWERED: dict[str, AbstractLoweredStudy] = {}
+# The analytic parameters of the lowered study a process's tasks last used, found once per study:
+# (lowered, names, AnalyticParameters).
+_ANALYTIC: list = [None, (), None]
 
 
 class StartTask:
@@ -55,10 +58,17 @@ class StartTask:
             _LOWERED[key] = self.lowered()
         return _LOWERED[key]
 
+    def _analytic(self, low: AbstractLoweredStudy) -> AnalyticParameters | None:
+        if not self.analytic:
+            return None
+        if _ANALYTIC[0] is not low or _ANALYTIC[1] != self.analytic:
+            _ANALYTIC[:] = [low, self.analytic, AnalyticParameters.find(low, self.analytic)]
+        return _ANALYTIC[2]
+
     def __call__(self, item: dict) -> dict:
         low = self._study()
         index = int(item["index"])
-        analytic = AnalyticParameters.find(low, self.analytic) if self.analytic else None
+        analytic = self._analytic(low)
         s = run_start(low, self.optimizer, np.asarray(item["x0"], dtype=np.float64),
                       replace=lambda j: replacement_point(low, self.seed, index, j), attempts=self.resample,
                       analytic=analytic)  # fmt: skip
@@ -119,6 +129,7 @@ def multistart(
     points = start_points(low, int(starts), int(seed))
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
+    _ANALYTIC[:] = [low, tuple(analytic), found]  # tasks run in this process on low find nothing again
     # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
     items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
               **({"analytic": analytic} if analytic else {})} for i, p in enumerate(points)]  # fmt: skip

@@ -376,8 +376,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
     # Gauss-Newton Hessian of the best start.
     lowered = sf.lower()
-    if isinstance(settings["hierarchical"], list):  # named parameters that do not qualify fail here, not in every task
-        AnalyticParameters.find(lowered, settings["hierarchical"])
+    # Named parameters that do not qualify fail here, not in every task; the names found are the result's.
+    h = settings["hierarchical"]
+    found = AnalyticParameters.find(lowered, h) if h is None or h else None
     points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
     # The optimizer with its options is part of each item, so a rerun with another method, Hessian,
@@ -420,8 +421,6 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
                                    str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
                                    float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
-    h = settings["hierarchical"]  # the parameters the tasks optimized analytically, found as they found them
-    found = AnalyticParameters.find(lowered, h) if h is None or h else None
     try:
         result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds,
                                        analytic=found.names if found is not None else ())  # fmt: skip
