@@ -442,6 +442,44 @@ def write_decay_study(folder, fit: str = ""):
     return folder / "study.toml"
 
 
+def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does(tmp_path, monkeypatch):
+    """A campaign in this process finds the parameters optimized analytically once, before its
+    tasks; a worker's tasks find them once per study and choice (not at every start), and a task
+    ends where ``fit`` from the same point ends."""
+    from diffsoup.inference import fit
+    from diffsoup.inference._fit import optimizer_of
+    from diffsoup.inference._hierarchical import AnalyticParameters
+    from diffsoup.workflows import _study_runs, campaign_study, study_digest
+
+    study = write_decay_study(tmp_path)  # A, a scaling of the observable: optimized analytically when named
+    real = AnalyticParameters.find.__func__
+    calls = []
+
+    def counted(cls, lowered, names=True, theta=None):
+        calls.append(names)
+        return real(cls, lowered, names, theta)
+
+    monkeypatch.setattr(AnalyticParameters, "find", classmethod(counted))
+    summary = campaign_study(study, tmp_path / "campaign", starts=3, hierarchical=["A"], progress=False, plots=False,
+                             log=lambda line: None)  # fmt: skip
+    assert calls == [["A"]] and summary["analytic"] == ["A"]
+    # A worker process: the study is built by the first task, the parameters found once for both.
+    monkeypatch.setattr(_study_runs, "_LOWERED", {})
+    monkeypatch.setattr(_study_runs, "_ANALYTIC", {})
+    calls.clear()
+    task = _study_runs.FitStartTask(str(study.resolve()), optimizer_of("fides"), None)
+    digest = study_digest(study)
+    points = [[0.5, -0.5], [1.5, -1.0]]
+    done = [task({"x0": p, "study_digest": digest, "hierarchical": ["A"]}) for p in points]
+    assert calls == [["A"]] and [d["built_here"] for d in done] == [True, False]
+    lowered = next(iter(_study_runs._LOWERED.values()))
+    for p, d in zip(points, done):
+        expected = fit(lowered, starts=np.array([p]), hierarchical=["A"]).starts[0]
+        assert d["objective"] == pytest.approx(expected.objective, abs=1e-10)
+        np.testing.assert_allclose(d["x"], expected.x, atol=1e-10)
+        assert d["n_evaluations"] == expected.n_evaluations
+
+
 def fitted_decay_study(folder):
     """The decay study of :func:`write_decay_study` in ``folder``, fitted into ``folder/fit`` (in
     this process); returns the fit's summary."""
@@ -576,20 +614,21 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
 
 
 def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
-    """``--hierarchical`` (or ``[fit] hierarchical``) optimizes the decay study's amplitude A
-    analytically (h = A y is linear in it): the fit and the campaign both reach scipy's
-    closed-form optimum, the summaries say so; naming k, which h is not linear in, fails in one
-    line that names it."""
+    """``[fit] hierarchical = ["A"]`` optimizes the decay study's amplitude A analytically (h = A y
+    is linear in it): the fit and the campaign both reach scipy's closed-form optimum, the
+    summaries say so; ``--hierarchical`` (every observable-only parameter that qualifies) finds
+    none here (A is declared a model parameter) and fits plainly to the same optimum; naming k,
+    which h is not linear in, fails in one line that names it."""
     from fit_helpers import reference_fit
 
-    write_decay_study(tmp_path)
+    study = write_decay_study(tmp_path, '\n[fit]\nhierarchical = ["A"]\n')
     theta, _, nll = reference_fit(0)
-    for command in ("fit", "campaign"):
-        out = tmp_path / command
-        diffsoup(command, tmp_path / "study.toml", "-o", out, "--in-process", "--starts", 2, "--hierarchical",
-                 "--no-plots")  # fmt: skip
+    for command, flag, analytic in (("fit", [], ["A"]), ("campaign", [], ["A"]), ("fit", ["--hierarchical"], [])):
+        out = tmp_path / f"{command}{''.join(flag)}"
+        diffsoup(command, study, "-o", out, "--in-process", "--starts", 2, *flag, "--no-plots")
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["hierarchical"] is True and summary["objective"] == pytest.approx(nll, abs=1e-7)
+        assert summary["hierarchical"] == (True if flag else ["A"]) and summary["analytic"] == analytic
+        assert summary["objective"] == pytest.approx(nll, abs=1e-7)
         got = np.log10([summary["parameters"]["A"], summary["parameters"]["k"]])
         np.testing.assert_allclose(got, theta, atol=1e-5)
     k_study = write_decay_study(tmp_path / "k", '\n[fit]\nhierarchical = ["k"]\n')

@@ -295,33 +295,49 @@ def _describe(client: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 _LOWERED: dict[tuple, Any] = {}
+# The analytic parameters of the study in _LOWERED, found once per process and hierarchical choice:
+# (study key, choice) -> AnalyticParameters or None.
+_ANALYTIC: dict[tuple, Any] = {}
+
+
+def _choice_key(hierarchical: Any) -> Any:
+    """A hashable form of a ``hierarchical`` setting (null, a boolean or names)."""
+    return tuple(hierarchical) if isinstance(hierarchical, (list, tuple)) else hierarchical
 
 
 class FitStartTask:
     """A campaign task: one fit start of a study file, run where the task lands.
 
     The study file is read (and lowered) once per process and kept, keyed by its path and digest,
-    so the tasks a worker runs share one compiled study. Window starts of multiple-shooting
-    experiments come from the shared store (``DIFFSOUP_CACHE_DIR``) when present.
+    so the tasks a worker runs share one compiled study, as they share the analytic parameters
+    found on it. Window starts of multiple-shooting experiments come from the shared store
+    (``DIFFSOUP_CACHE_DIR``) when present.
     """
 
     def __init__(self, study_path: str, method: Any, max_nfev: int | None):
         self.study_path, self.method, self.max_nfev = study_path, method, max_nfev
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
-        from ..inference import fit, window_solves
+        from ..inference import window_solves
+        from ..inference._fit import optimizer_of, run_start
+        from ..inference._hierarchical import AnalyticParameters
 
         key = (self.study_path, item["study_digest"])
         solves_before = window_solves()
         built_here = key not in _LOWERED
         if built_here:
             _LOWERED.clear()  # one study per worker process at a time
+            _ANALYTIC.clear()
             _LOWERED[key] = _study_file(self.study_path).lower()
         lowered = _LOWERED[key]
-        x0 = np.asarray(item["x0"], dtype=np.float64)
-        result = fit(lowered, starts=x0[None], method=self.method, max_nfev=self.max_nfev,
-                     hierarchical=item.get("hierarchical", False))  # fmt: skip
-        s = result.starts[0]
+        h = item.get("hierarchical", False)
+        choice = (key, _choice_key(h))
+        if choice not in _ANALYTIC:
+            _ANALYTIC[choice] = AnalyticParameters.find(lowered, h) if h is None or h else None
+        # One start as fit runs it (the explicit point is not replaced if it fails to solve), without
+        # fit's standard errors at the end, which only the campaign's best start needs.
+        s = run_start(lowered, optimizer_of(self.method, max_nfev=self.max_nfev),
+                      np.asarray(item["x0"], dtype=np.float64), analytic=_ANALYTIC[choice])  # fmt: skip
         return {
             "x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
             "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
@@ -391,9 +407,11 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     task = FitStartTask(str(sf.path.resolve()), optimizer, None)  # the cap is in the optimizer
-    if client is None:  # the tasks run in this process: they share this lowered study
+    if client is None:  # the tasks run in this process: they share this lowered study and what was found on it
         _LOWERED.clear()
+        _ANALYTIC.clear()
         _LOWERED[(task.study_path, digest)] = lowered
+        _ANALYTIC[((task.study_path, digest), _choice_key(h))] = found
     t0 = time.perf_counter()
     began = datetime.now(timezone.utc)
     options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
