@@ -446,6 +446,7 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     """A campaign in this process finds the parameters optimized analytically once, before its
     tasks; a worker's tasks find them once per study and choice (not at every start), and a task
     ends where ``fit`` from the same point ends."""
+    from diffsoup.distributed import _start_runs
     from diffsoup.inference import fit
     from diffsoup.inference._fit import optimizer_of
     from diffsoup.inference._hierarchical import AnalyticParameters
@@ -465,7 +466,7 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     assert calls == [["A"]] and summary["analytic"] == ["A"]
     # A worker process: the study is built by the first task, the parameters found once for both.
     monkeypatch.setattr(_study_runs, "_LOWERED", {})
-    monkeypatch.setattr(_study_runs, "_ANALYTIC", {})
+    monkeypatch.setattr(_start_runs, "_ANALYTIC", [None, None, None])
     calls.clear()
     task = _study_runs.FitStartTask(str(study.resolve()), optimizer_of("fides"), None)
     digest = study_digest(study)

@@ -26,9 +26,31 @@ from ..inference._starts import replacement_point, start_points
 from ._campaign import checkpointed_map
 
 _LOWERED: dict[str, AbstractLoweredStudy] = {}
-# The analytic parameters of the lowered study a process's tasks last used, found once per study:
-# (lowered, names, AnalyticParameters).
-_ANALYTIC: list = [None, (), None]
+# The analytic parameters of the lowered study a process's tasks last used, found once per study
+# and choice: [lowered, choice, AnalyticParameters or None].
+_ANALYTIC: list = [None, None, None]
+
+
+def _choice_key(choice: Any) -> Any:
+    """A hashable form of a ``hierarchical`` choice (None, a boolean or names)."""
+    return tuple(choice) if isinstance(choice, (list, tuple)) else choice
+
+
+def analytic_once(lowered: AbstractLoweredStudy, choice: bool | Sequence[str] | None) -> AnalyticParameters | None:
+    """``AnalyticParameters.find(lowered, choice)`` (None for False or no names), found once per
+    process for the last lowered study and choice: the tasks of a campaign, one start each, share
+    it (a driver running them in its own process hands over what it found: :func:`remember_analytic`)."""
+    key = _choice_key(choice)
+    if _ANALYTIC[0] is not lowered or _ANALYTIC[1] != key:
+        found = AnalyticParameters.find(lowered, choice) if choice is None or choice else None
+        remember_analytic(lowered, choice, found)
+    return _ANALYTIC[2]
+
+
+def remember_analytic(lowered: AbstractLoweredStudy, choice: bool | Sequence[str] | None,
+                      found: AnalyticParameters | None) -> None:  # fmt: skip
+    """Record ``found`` as what :func:`analytic_once` gives for ``(lowered, choice)``."""
+    _ANALYTIC[:] = [lowered, _choice_key(choice), found]
 
 
 class StartTask:
@@ -58,17 +80,10 @@ class StartTask:
             _LOWERED[key] = self.lowered()
         return _LOWERED[key]
 
-    def _analytic(self, low: AbstractLoweredStudy) -> AnalyticParameters | None:
-        if not self.analytic:
-            return None
-        if _ANALYTIC[0] is not low or _ANALYTIC[1] != self.analytic:
-            _ANALYTIC[:] = [low, self.analytic, AnalyticParameters.find(low, self.analytic)]
-        return _ANALYTIC[2]
-
     def __call__(self, item: dict) -> dict:
         low = self._study()
         index = int(item["index"])
-        analytic = self._analytic(low)
+        analytic = analytic_once(low, self.analytic)
         s = run_start(low, self.optimizer, np.asarray(item["x0"], dtype=np.float64),
                       replace=lambda j: replacement_point(low, self.seed, index, j), attempts=self.resample,
                       analytic=analytic)  # fmt: skip
@@ -129,7 +144,7 @@ def multistart(
     points = start_points(low, int(starts), int(seed))
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
-    _ANALYTIC[:] = [low, tuple(analytic), found]  # tasks run in this process on low find nothing again
+    remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
     # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
     items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
               **({"analytic": analytic} if analytic else {})} for i, p in enumerate(points)]  # fmt: skip

@@ -295,14 +295,6 @@ def _describe(client: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 _LOWERED: dict[tuple, Any] = {}
-# The analytic parameters of the study in _LOWERED, found once per process and hierarchical choice:
-# (study key, choice) -> AnalyticParameters or None.
-_ANALYTIC: dict[tuple, Any] = {}
-
-
-def _choice_key(hierarchical: Any) -> Any:
-    """A hashable form of a ``hierarchical`` setting (null, a boolean or names)."""
-    return tuple(hierarchical) if isinstance(hierarchical, (list, tuple)) else hierarchical
 
 
 class FitStartTask:
@@ -318,26 +310,22 @@ class FitStartTask:
         self.study_path, self.method, self.max_nfev = study_path, method, max_nfev
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
+        from ..distributed._start_runs import analytic_once
         from ..inference import window_solves
         from ..inference._fit import optimizer_of, run_start
-        from ..inference._hierarchical import AnalyticParameters
 
         key = (self.study_path, item["study_digest"])
         solves_before = window_solves()
         built_here = key not in _LOWERED
         if built_here:
             _LOWERED.clear()  # one study per worker process at a time
-            _ANALYTIC.clear()
             _LOWERED[key] = _study_file(self.study_path).lower()
         lowered = _LOWERED[key]
-        h = item.get("hierarchical", False)
-        choice = (key, _choice_key(h))
-        if choice not in _ANALYTIC:
-            _ANALYTIC[choice] = AnalyticParameters.find(lowered, h) if h is None or h else None
+        analytic = analytic_once(lowered, item.get("hierarchical", False))
         # One start as fit runs it (the explicit point is not replaced if it fails to solve), without
         # fit's standard errors at the end, which only the campaign's best start needs.
         s = run_start(lowered, optimizer_of(self.method, max_nfev=self.max_nfev),
-                      np.asarray(item["x0"], dtype=np.float64), analytic=_ANALYTIC[choice])  # fmt: skip
+                      np.asarray(item["x0"], dtype=np.float64), analytic=analytic)  # fmt: skip
         return {
             "x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
             "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
@@ -408,10 +396,11 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     task = FitStartTask(str(sf.path.resolve()), optimizer, None)  # the cap is in the optimizer
     if client is None:  # the tasks run in this process: they share this lowered study and what was found on it
+        from ..distributed._start_runs import remember_analytic
+
         _LOWERED.clear()
-        _ANALYTIC.clear()
         _LOWERED[(task.study_path, digest)] = lowered
-        _ANALYTIC[((task.study_path, digest), _choice_key(h))] = found
+        remember_analytic(lowered, h, found)
     t0 = time.perf_counter()
     began = datetime.now(timezone.utc)
     options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
