@@ -491,6 +491,25 @@ def fitted_decay_study(folder):
                      log=lambda line: None)  # fmt: skip
 
 
+def test_the_summary_says_when_one_start_alone_reached_the_best(tmp_path, capsys):
+    """A fit whose best objective one start alone reached says so and what to run (fides: more
+    starts or the hybrid Hessian; another method: more starts); starts that agree say nothing."""
+    from diffsoup import cli
+
+    summary = fitted_decay_study(tmp_path)
+    assert summary["starts"]["at_best"] == summary["starts"]["total"] == 2
+    cli._print_summary(summary, tmp_path / "fit")
+    assert "only one start" not in capsys.readouterr().out
+    lone = {**summary, "starts": {**summary["starts"], "at_best": 1}}
+    cli._print_summary(lone, tmp_path / "fit")
+    assert "only one start reached the best objective: a lower one may exist; run more starts (--starts 4) or fides " \
+           "with --hessian hybrid" in capsys.readouterr().out
+    for other in ({"hessian": "hybrid"}, {"method": "trf"}):
+        cli._print_summary({**lone, **other}, tmp_path / "fit")
+        out = capsys.readouterr().out
+        assert "run more starts (--starts 4)\n" in out and "hybrid" not in out
+
+
 def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, capsys):
     """``h(t) = A exp(-k t)`` with Gaussian noise (tests/fit_helpers.py) as a study file: the
     intervals of ``diffsoup profile`` match scipy's profile of the closed form; a rerun reads the
