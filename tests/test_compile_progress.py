@@ -32,9 +32,9 @@ def test_progress_names_each_compiled_program_and_its_time():
         lowered.value_and_grad(lowered.nominal)
         assert len(lines) == n
     finally:
-        import logging
+        from diffsoup.workflows._compile_progress import remove_compile_progress
 
-        logging.getLogger("diffsoup.compile").removeHandler(handler)
+        remove_compile_progress()
     starts = [line for line in lines if re.match(r"compiling the value_and_grad \((adjoint|forward sensitivities)\) program of 'ROBER'", line)]
     ends = [re.fullmatch(r"compiled the value_and_grad \((?:adjoint|forward sensitivities)\) program of 'ROBER', group 0, 1 experiment\(s\) per chunk "
                          r"in ([0-9.]+) s", line) for line in lines]  # fmt: skip
@@ -66,8 +66,10 @@ def test_the_command_leaves_no_progress_handler_behind(tmp_path, capsys):
     from diffsoup.workflows._compile_progress import remove_compile_progress
 
     remove_compile_progress()
+    logger = logging.getLogger("diffsoup.compile")
+    before = (logger.level, logger.propagate)
     study = tmp_path / "missing.toml"
     study.write_text("this is not a study file\n")
     main(["check", str(study)])
-    logger = logging.getLogger("diffsoup.compile")
     assert not any(isinstance(h, CompileProgress) for h in logger.handlers)
+    assert (logger.level, logger.propagate) == before  # not left at INFO, not cut off from the root logger

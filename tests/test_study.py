@@ -290,7 +290,7 @@ def test_lanes_in_lock_step_and_one_after_the_other_agree_and_auto_chooses_by_th
     assert auto.lane_modes[("value_and_grad", 0)] == "map"
 
 
-def test_compile_includes_the_program_with_lanes_one_after_the_other(caplog):
+def test_compile_includes_the_program_with_lanes_one_after_the_other():
     """``compile()`` with ``lane_mode="auto"`` on a CPU compiles the sequential program as well: the
     evaluation that switches to it compiles nothing."""
     from diffsoup.inference._lower import clear_program_cache
@@ -298,11 +298,24 @@ def test_compile_includes_the_program_with_lanes_one_after_the_other(caplog):
     clear_program_cache()  # programs of other tests would hide a compilation
     theta = np.array([-0.8])
     low = ds.lower(oscillator_study()).compile(["value"])
-    with caplog.at_level(logging.INFO, logger="diffsoup.compile"):
+    # The compile logger's own records from here on, whatever its level and propagation outside.
+    records: list = []
+    listener = logging.Handler(logging.INFO)
+    listener.emit = records.append
+    logger = logging.getLogger("diffsoup.compile")
+    level = logger.level
+    logger.addHandler(listener)
+    logger.setLevel(logging.INFO)
+    try:
         low.value(theta)
         low.value(theta)
-    assert low.lane_modes[("value", 0)] == ("map" if jax.default_backend() == "cpu" else "vmap")
-    assert [r.getMessage() for r in caplog.records if r.name == "diffsoup.compile"] == []
+        assert low.lane_modes[("value", 0)] == ("map" if jax.default_backend() == "cpu" else "vmap")
+        assert [r.getMessage() for r in records] == []
+        low.value_and_grad(theta)  # not compiled beforehand: it is heard
+        assert records and all("value_and_grad" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(listener)
+        logger.setLevel(level)
 
 
 def test_small_block_limit_picks_a_smaller_chunk_that_fits():

@@ -29,6 +29,7 @@ class CompileProgress(logging.Handler):
         self._interval = float(interval)
         self._lock = threading.Lock()
         self._running: dict[str, threading.Event] = {}
+        self.logger_was: tuple[int, bool] | None = None  # the logger's (level, propagate) before installation
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, "diffsoup_compile", None)
@@ -68,6 +69,7 @@ def install_compile_progress(emit_line: Callable[[str], None], *, interval: floa
         if isinstance(handler, CompileProgress):
             return handler
     handler = CompileProgress(emit_line, interval=interval)
+    handler.logger_was = (logger.level, logger.propagate)  # given back by remove_compile_progress
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # our lines, not the root logger's format as well
@@ -76,9 +78,14 @@ def install_compile_progress(emit_line: Callable[[str], None], *, interval: floa
 
 def remove_compile_progress() -> None:
     """Stop printing compilation progress (the command's handler, when it returns to a caller that
-    runs it in-process): the handler is removed and its tickers stopped."""
+    runs it in-process): the handler is removed, its tickers stopped, and the logger's level and
+    propagation set back to what they were before :func:`install_compile_progress`."""
     logger = logging.getLogger("diffsoup.compile")
     for handler in list(logger.handlers):
         if isinstance(handler, CompileProgress):
             logger.removeHandler(handler)
             handler.stop()
+            was = getattr(handler, "logger_was", None)
+            if was is not None:
+                logger.setLevel(was[0])
+                logger.propagate = was[1]
