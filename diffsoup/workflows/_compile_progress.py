@@ -85,7 +85,6 @@ def remove_compile_progress() -> None:
         if isinstance(handler, CompileProgress):
             logger.removeHandler(handler)
             handler.stop()
-            was = getattr(handler, "logger_was", None)
-            if was is not None:
-                logger.setLevel(was[0])
-                logger.propagate = was[1]
+            if handler.logger_was is not None:
+                logger.setLevel(handler.logger_was[0])
+                logger.propagate = handler.logger_was[1]

@@ -369,7 +369,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..distributed import checkpointed_map
     from ..inference import FitResult, StartResult, window_solves
     from ..inference._fit import optimizer_of, start_points
-    from ..inference._hierarchical import AnalyticParameters
+    from ..distributed._start_runs import analytic_once
 
     sf = _study_file(study)
     out = Path(out)
@@ -380,9 +380,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
     # Gauss-Newton Hessian of the best start.
     lowered = sf.lower()
-    # Named parameters that do not qualify fail here, not in every task; the names found are the result's.
-    h = settings["hierarchical"]
-    found = AnalyticParameters.find(lowered, h) if h is None or h else None
+    # Named parameters that do not qualify fail here, not in every task; the names found are the
+    # result's, and tasks run in this process take them from the memo rather than find them again.
+    found = analytic_once(lowered, settings["hierarchical"])
     points = start_points(lowered, settings["starts"], settings["seed"])
     digest = study_digest(sf)
     # The optimizer with its options is part of each item, so a rerun with another method, Hessian,
@@ -395,12 +395,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     task = FitStartTask(str(sf.path.resolve()), optimizer, None)  # the cap is in the optimizer
-    if client is None:  # the tasks run in this process: they share this lowered study and what was found on it
-        from ..distributed._start_runs import remember_analytic
-
+    if client is None:  # the tasks run in this process: they share this lowered study
         _LOWERED.clear()
         _LOWERED[(task.study_path, digest)] = lowered
-        remember_analytic(lowered, h, found)
     t0 = time.perf_counter()
     began = datetime.now(timezone.utc)
     options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
