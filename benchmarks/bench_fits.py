@@ -89,7 +89,7 @@ DEFAULT_METHOD = "fides"
 DEFAULT_HESSIAN = "gauss_newton"  # fides' Hessian in diffsoup's default method
 FIDES_HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
 RTOL = ATOL = 1e-8
-CONVERGED = 1e-3  # the PEtab benchmarks' criterion (diffsoup.inference._fit.CONVERGED)
+CONVERGED = 1e-3  # the PEtab benchmarks' criterion (diffsoup.inference.fitting._fit.CONVERGED)
 JUDGE_TOL = 1e-10  # the tolerances of the one evaluator that judges every tool's end points
 TIME_TARGET = 1.0 / 3.0  # time per converged start, diffsoup / pyPESTO + AMICI
 AMICI_VENV_PYTHON = Path("/work/amici-venv/bin/python")
@@ -148,7 +148,7 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
     rows = method_variants(methods, hessians)
     analytic_setting = {None: None, "all": True, "none": False}.get(hierarchical)
     if hierarchical == "noise":
-        from diffsoup.inference._hierarchical import NoiseParameters
+        from diffsoup.inference.fitting._hierarchical import NoiseParameters
 
         found = NoiseParameters.find(lowered, True)
         analytic_setting = list(found.names) if found is not None else None
@@ -387,7 +387,7 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from diffsoup.inference._starts import start_points
+    from diffsoup.inference.fitting._starts import start_points
 
     n_starts = args.starts or (QUICK_STARTS if args.quick else FULL_STARTS)
     short = args.models or (QUICK_MODELS if args.quick else [_short(m) for m in MODELS])

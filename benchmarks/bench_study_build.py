@@ -56,7 +56,7 @@ if os.environ.get("BENCH_BASELINE_ROOT"):  # the baseline's subprocess imports t
 
 import diffsoup as ds  # noqa: E402
 from diffsoup.inference import Gaussian, Parameter
-from diffsoup.inference._lower import DEFAULT_CHUNK
+from diffsoup.inference.objective._lower import DEFAULT_CHUNK
 
 TARGET_SECONDS = 30.0
 TARGET_BYTES = 2048

@@ -29,9 +29,9 @@ from .integrate import ForwardMode as ForwardMode
 from .integrate import CheckpointAdjoint as CheckpointAdjoint
 from .integrate import Reset as Reset
 from . import linear as linear
-from .inference._experiment import Experiment as Experiment
-from .inference._study import Study as Study
-from .inference._lower import lower as lower
+from .inference.study._experiment import Experiment as Experiment
+from .inference.study._study import Study as Study
+from .inference.objective._lower import lower as lower
 
 __version__ = "0.1.0"
 

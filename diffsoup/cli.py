@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-# diffsoup.inference._fit.METHODS, not imported here so that --help does not import JAX.
+# diffsoup.inference.fitting._fit.METHODS, not imported here so that --help does not import JAX.
 FIT_METHODS = ("fides", "trf", "lbfgsb")
 HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")  # ds.inference.Fides(hessian=...)
 

@@ -49,7 +49,7 @@ def _compiled_programs_freed_after_each_file():
     yield
     import gc
 
-    from diffsoup.inference._lower import clear_program_cache
+    from diffsoup.inference.objective._lower import clear_program_cache
 
     clear_program_cache()
     jax.clear_caches()

@@ -139,7 +139,7 @@ def test_every_command_has_help():
         assert option in text
     assert diffsoup("fit", "nowhere.toml", check=False).returncode == 2
     from diffsoup.cli import FIT_METHODS
-    from diffsoup.inference._fit import METHODS
+    from diffsoup.inference.fitting._fit import METHODS
 
     assert FIT_METHODS == METHODS  # the command's --method choices are fit's methods
 
@@ -448,8 +448,8 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     ends where ``fit`` from the same point ends."""
     from diffsoup.distributed import _start_runs
     from diffsoup.inference import fit
-    from diffsoup.inference._fit import optimizer_of
-    from diffsoup.inference._hierarchical import AnalyticParameters
+    from diffsoup.inference.fitting._fit import optimizer_of
+    from diffsoup.inference.fitting._hierarchical import AnalyticParameters
     from diffsoup.workflows import _study_runs, campaign_study, study_digest
 
     study = write_decay_study(tmp_path)  # A, a scaling of the observable: optimized analytically when named
@@ -628,7 +628,7 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
     from diffsoup.cli import HESSIANS
-    from diffsoup.inference._fides import HESSIANS as FIDES_HESSIANS
+    from diffsoup.inference.fitting._fides import HESSIANS as FIDES_HESSIANS
 
     assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'
 

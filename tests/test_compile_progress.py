@@ -8,7 +8,7 @@ import numpy as np
 import diffsoup as ds
 from diffsoup.examples import rober
 from diffsoup.inference import Gaussian, Parameter
-from diffsoup.inference._lower import clear_program_cache
+from diffsoup.inference.objective._lower import clear_program_cache
 from diffsoup.workflows._compile_progress import CompileProgress, install_compile_progress
 
 

@@ -21,7 +21,7 @@ import diffsoup as ds
 from diffsoup import distributed as dd
 from diffsoup.distributed import _run, _runtime
 from diffsoup.inference import fit
-from diffsoup.inference._abstract_lowered import AbstractLoweredStudy
+from diffsoup.inference.objective._abstract_lowered import AbstractLoweredStudy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_study import tiny_study  # noqa: E402

@@ -132,7 +132,7 @@ def test_model_decrease_is_the_quadratic_models_drop_to_its_minimum():
     """For ``f = (x - c)^T A (x - c) / 2`` the Newton step's predicted decrease is ``f`` itself;
     a coordinate a bound holds (at the bound, gradient pointing out) is left out; negative
     curvature makes the model unbounded."""
-    from diffsoup.inference._fides import model_decrease
+    from diffsoup.inference.fitting._fides import model_decrease
 
     A = np.array([[4.0, 1.0], [1.0, 3.0]])
     c, x = np.array([0.5, -0.2]), np.array([1.5, 0.7])

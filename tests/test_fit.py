@@ -8,7 +8,7 @@ import pytest
 import diffsoup as ds
 from diffsoup.examples import mass_action_network
 from diffsoup.inference import Gaussian, Parameter, SolverOptions, fit
-from diffsoup.inference._starts import latin_hypercube
+from diffsoup.inference.fitting._starts import latin_hypercube
 
 
 def _synthetic(problem, conditions, times, truth, sigma, rng, **exp_kwargs):
@@ -140,7 +140,7 @@ def test_fit_rejects_bad_options():
 
 def test_methods_by_name_map_the_tolerances_onto_their_options():
     from diffsoup.inference import LBFGSB, TRF, Fides
-    from diffsoup.inference._fit import optimizer_of
+    from diffsoup.inference.fitting._fit import optimizer_of
 
     assert optimizer_of("fides", ftol=1e-9, gtol=1e-7, xtol=1e-6, max_nfev=50) == Fides(
         frtol=1e-9, gatol=1e-7, xtol=1e-6, max_evaluations=50)  # fmt: skip

@@ -8,8 +8,8 @@ from fit_helpers import SOLVER, TIMES, data, decay_study, problem, reference_fit
 
 import diffsoup as ds
 from diffsoup.inference import LBFGSB, TRF, Fides, Gaussian, Parameter
-from diffsoup.inference._hierarchical import AnalyticParameters, LinearParameters, NoiseParameters
-from diffsoup.inference._optimizers import StartObjective
+from diffsoup.inference.fitting._hierarchical import AnalyticParameters, LinearParameters, NoiseParameters
+from diffsoup.inference.fitting._optimizers import StartObjective
 
 pytest.importorskip("fides")
 
@@ -199,7 +199,7 @@ def test_noise_levels_alone_take_one_evaluation_equal_to_evaluating_at_their_opt
     v_at, g_at, H_at = low.gauss_newton(theta)
     assert v == pytest.approx(v_at, rel=1e-12)
     np.testing.assert_allclose(g, g_at[:2], rtol=1e-9, atol=1e-9 * np.max(np.abs(g_at)))
-    from diffsoup.inference._hierarchical import schur_complement
+    from diffsoup.inference.fitting._hierarchical import schur_complement
 
     np.testing.assert_allclose(H, schur_complement(H_at, np.array([0, 1]), np.array([2, 3])), rtol=1e-9)
     assert objective.value(x) == pytest.approx(v_at, rel=1e-12)

@@ -37,7 +37,12 @@ LAYERS: dict[str, int] = {
     "diffsoup.model": 3,
     "diffsoup.examples": 3,  # reference problems: model specifications only
     "diffsoup.integrate": 4,
-    "diffsoup.inference": 5,
+    # inference's rooms, bottom to top; the package itself (its __init__) re-exports all of them.
+    "diffsoup.inference.study": 5.0,  # the study model: experiments, arrays, noise, parameter table
+    "diffsoup.inference.shooting": 5.1,  # multiple shooting's window starts and their cache
+    "diffsoup.inference.objective": 5.2,  # terms, the inference problem, lowering
+    "diffsoup.inference.fitting": 5.3,  # optimizers, starts, analytic parameters, profiles
+    "diffsoup.inference": 5.4,
     "diffsoup.formats": 6,
     "diffsoup.petab": 6,  # ds.petab: the PEtab importer of formats, re-exported
     "diffsoup.store": 7,
@@ -63,7 +68,7 @@ ALLOWED_UPWARD: dict[tuple[str, str, str], str] = {
     ("diffsoup.inference", "load_study", "diffsoup.formats"): "documented home ds.inference",
     ("diffsoup.inference", "StudyFile", "diffsoup.formats"): "documented home ds.inference",
     ("diffsoup.inference", "StudyFileError", "diffsoup.formats"): "documented home ds.inference",
-    ("diffsoup.inference._window_cache", "WindowStore", "diffsoup.store._windows"):
+    ("diffsoup.inference.shooting._window_cache", "WindowStore", "diffsoup.store._windows"):
         "the default window cache of prepare_windows / InferenceProblem (DIFFSOUP_CACHE_DIR); "
         "any WindowCache can be passed as window_store=",
 }
@@ -89,7 +94,7 @@ SOURCES: dict[str, Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.
 PACKAGES = {name for name, path in SOURCES.items() if path.name == "__init__.py"}
 
 
-def _layer(module: str) -> int | None:
+def _layer(module: str) -> float | None:
     if module in LAYERS:
         return LAYERS[module]
     parts = module.split(".")
@@ -285,7 +290,7 @@ FAKE = """
 import os
 import jax._src.distributed
 from . import _study
-from .._lazy import LazyReference, lazy_attributes
+from ..._lazy import LazyReference, lazy_attributes
 
 LATER = LazyReference("diffsoup.workflows", "fit_study")
 NAME = "DIFFSOUP_SECRET"
@@ -299,9 +304,9 @@ def __getattr__(name):
 def f():
     import importlib
 
-    from ..store._windows import WindowStore
+    from ...store._windows import WindowStore
     from diffsoup import formats
-    importlib.import_module("..distributed", __name__)
+    importlib.import_module("...distributed", __name__)
     importlib.import_module(name)
     return os.environ.get(NAME), os.environ["DIFFSOUP_OTHER"], "DIFFSOUP_THIRD" in os.environ
 """
@@ -312,26 +317,26 @@ def test_the_checker_finds_cycles_and_reads_every_kind_of_import():
         frozenset("abc")
     ]
     assert _strongly_connected({"a": {"b"}, "b": set()}) == []
-    fake = Source("diffsoup.inference._fake", FAKE)
-    assert fake.imports == {"diffsoup.inference._study", "diffsoup._lazy", "diffsoup.store._windows",
+    fake = Source("diffsoup.inference.study._fake", FAKE)
+    assert fake.imports == {"diffsoup.inference.study._study", "diffsoup._lazy", "diffsoup.store._windows",
                             "diffsoup.formats", "diffsoup.distributed"}  # fmt: skip
     assert {"os", "jax._src.distributed", "importlib"} <= fake.external
     assert fake.lazy == {("fit_study", "diffsoup.workflows"), ("x", "diffsoup.store"),
-                         ("sub", "diffsoup.inference._fake.sub")}  # fmt: skip
+                         ("sub", "diffsoup.inference.study._fake.sub")}  # fmt: skip
     assert fake.dynamic == [FAKE.splitlines().index("    importlib.import_module(name)") + 1]
     assert fake.module_getattr
     assert fake.environment == {"DIFFSOUP_SECRET", "DIFFSOUP_OTHER", "DIFFSOUP_THIRD"}
-    assert _upward({"diffsoup.inference._fake": fake}) == {
-        ("diffsoup.inference._fake", m) for m in ("diffsoup.store._windows", "diffsoup.formats", "diffsoup.distributed")
+    assert _upward({"diffsoup.inference.study._fake": fake}) == {
+        ("diffsoup.inference.study._fake", m) for m in ("diffsoup.store._windows", "diffsoup.formats", "diffsoup.distributed")
     }
     lazy = Source("diffsoup._lazy")
     assert lazy.imports == set() and "importlib" in lazy.external
     # A relative import inside a function of a subpackage, resolved to the submodule it names.
-    problem = Source("diffsoup.inference._problem")
-    assert "diffsoup.integrate" in problem.imports and "diffsoup.inference._study" in problem.imports
+    problem = Source("diffsoup.inference.objective._problem")
+    assert "diffsoup.integrate" in problem.imports and "diffsoup.inference.study._study" in problem.imports
     root = Source("diffsoup")
     assert ("inference", "diffsoup.inference") in root.lazy and "diffsoup.model" in root.imports
-    assert _layer("diffsoup.inference._problem") == 5 and _layer("diffsoup") == 9
+    assert _layer("diffsoup.inference.objective._problem") == 5.2 and _layer("diffsoup") == 9
     assert _layer("diffsoup.nowhere") is None
 
 
@@ -417,7 +422,7 @@ def test_import_diffsoup_loads_no_dask_zarr_store_formats_or_execution_code():
              or m.startswith(("diffsoup.distributed", "diffsoup.store", "diffsoup.formats", "diffsoup.workflows",
                               "diffsoup.plots", "diffsoup.cli", "diffsoup._demo"))]  # fmt: skip
     assert heavy == []
-    assert "diffsoup.inference._problem" in loaded  # the check sees the numerical layer load
+    assert "diffsoup.inference.objective._problem" in loaded  # the check sees the numerical layer load
 
 
 def test_lazy_names_resolve_to_their_defining_modules():

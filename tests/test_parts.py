@@ -15,8 +15,8 @@ import pytest
 import diffsoup as ds
 from diffsoup.distributed._run import DistributedStudy, serve_request
 from diffsoup.inference import Gaussian, fit
-from diffsoup.inference._abstract_lowered import AbstractLoweredStudy
-from diffsoup.inference._parts import (
+from diffsoup.inference.objective._abstract_lowered import AbstractLoweredStudy
+from diffsoup.inference.objective._parts import (
     GaussNewtonPart,
     GradientPart,
     HessianPart,

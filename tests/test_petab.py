@@ -652,7 +652,7 @@ def test_many_conditions_are_held_as_arrays_and_match_the_experiment_objects(tmp
     """300 conditions: the study is held as arrays (no Experiment object per condition), with the
     same experiments, placements, value and gradient as the same problem built as ds.Experiment
     objects, and the simulation table gives petab's own likelihood."""
-    from diffsoup.inference._experiment_arrays import ExperimentViews
+    from diffsoup.inference.study._experiment_arrays import ExperimentViews
 
     yaml = _cohort_problem(tmp_path / "p", 300)
     arrays = ds.petab.load(yaml)

@@ -10,7 +10,7 @@ from fit_helpers import SIGMA, SOLVER, TIMES, TRUTH, closed_form_interval, data,
 
 import diffsoup as ds
 from diffsoup.inference import Parameter, ProfileOptions, profile_parameter
-from diffsoup.inference._profile_likelihood import threshold
+from diffsoup.inference.fitting._profile_likelihood import threshold
 
 TRUE_THETA = np.log10([TRUTH["A"], TRUTH["k"]])
 

@@ -14,7 +14,7 @@ import pytest
 import diffsoup as ds
 from diffsoup.examples import rober
 from diffsoup.inference import Gaussian, InferenceProblem, Parameter, SolverOptions
-from diffsoup.inference._lower import clear_program_cache
+from diffsoup.inference.objective._lower import clear_program_cache
 from diffsoup.integrate import ToleranceWarning
 
 COMPILE = "/jax/core/compile/backend_compile_duration"

@@ -293,7 +293,7 @@ def test_lanes_in_lock_step_and_one_after_the_other_agree_and_auto_chooses_by_th
 def test_compile_includes_the_program_with_lanes_one_after_the_other():
     """``compile()`` with ``lane_mode="auto"`` on a CPU compiles the sequential program as well: the
     evaluation that switches to it compiles nothing."""
-    from diffsoup.inference._lower import clear_program_cache
+    from diffsoup.inference.objective._lower import clear_program_cache
 
     clear_program_cache()  # programs of other tests would hide a compilation
     theta = np.array([-0.8])

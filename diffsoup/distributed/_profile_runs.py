@@ -1,6 +1,6 @@
 """``ds.inference.profile``: profile likelihoods of a fit, one ``checkpointed_map`` task per parameter.
 
-Each parameter's profile (:func:`diffsoup.inference._profile_likelihood.profile_parameter`: the
+Each parameter's profile (:func:`diffsoup.inference.fitting._profile_likelihood.profile_parameter`: the
 walk along the parameter with the others re-optimized, and the crossings of the chi-square
 threshold) is one task of a campaign, so a rerun with the same ledger keeps the profiles already
 finished and computes the others. The numerical part lives in ``diffsoup.inference`` and imports
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult
-from ..inference._hierarchical import AnalyticParameters
-from ..inference._profile_likelihood import ParameterProfile, ProfileOptions, ProfileResult, profile_parameter, threshold
+from ..inference.fitting._hierarchical import AnalyticParameters
+from ..inference.fitting._profile_likelihood import ParameterProfile, ProfileOptions, ProfileResult, profile_parameter, threshold
 from ._campaign import checkpointed_map
 
 PROFILE_FORMAT = "diffsoup.profile/1"

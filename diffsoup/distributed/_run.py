@@ -49,10 +49,10 @@ from typing import Any
 
 import numpy as np
 
-from ..inference._abstract_lowered import AbstractLoweredStudy
-from ..inference._lower import LoweredStudy, lower
-from ..inference._parts import AbstractPart, combine_parts
-from ..inference._study import Study
+from ..inference.objective._abstract_lowered import AbstractLoweredStudy
+from ..inference.objective._lower import LoweredStudy, lower
+from ..inference.objective._parts import AbstractPart, combine_parts
+from ..inference.study._study import Study
 from ._dashboard import dashboard_url
 from ._runtime import is_initialized, process_count, process_index
 
@@ -188,7 +188,7 @@ def study_fingerprint(study: Study, options: Mapping[str, Any]) -> str:
 def shard_members(study: Study, lanes: int) -> list[list[int]]:
     """Experiment indices (study order) of each shard, by ``balance_owners`` over ``lanes``; empty
     shards are dropped."""
-    from ..inference._balance import balance_owners
+    from ..inference.objective._balance import balance_owners
 
     exps = study.experiments
     index = {e.id: i for i, e in enumerate(exps)}

@@ -1,6 +1,6 @@
 """Parameter draws as Dask arrays, Saltelli's design, and Sobol' indices reduced chunk by chunk.
 
-The numbers come from :mod:`diffsoup.inference._samplers` (NumPy); this module lays them out as
+The numbers come from :mod:`diffsoup.inference.fitting._samplers` (NumPy); this module lays them out as
 lazy Dask arrays chunked like ensembles, and reduces an ensemble's values to Sobol' indices with a
 tree of partial moments (one per chunk, merged ``split_every`` at a time), so that no more than a
 few chunks are held at once, however many draws there are.
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..inference._samplers import (
+from ..inference.fitting._samplers import (
     ParameterBox,
     SobolIndices,
     check_count,

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult, StartResult
-from ..inference._fit import DEFAULT_METHOD, optimizer_of, run_start
-from ..inference._hierarchical import AnalyticParameters
-from ..inference._optimizers import AbstractOptimizer
-from ..inference._starts import replacement_point, start_points
+from ..inference.fitting._fit import DEFAULT_METHOD, optimizer_of, run_start
+from ..inference.fitting._hierarchical import AnalyticParameters
+from ..inference.fitting._optimizers import AbstractOptimizer
+from ..inference.fitting._starts import replacement_point, start_points
 from ._campaign import checkpointed_map
 
 _LOWERED: dict[str, AbstractLoweredStudy] = {}

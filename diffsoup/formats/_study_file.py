@@ -125,9 +125,9 @@ import numpy as np
 from .._precision import Precision
 from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
-from ..inference._fides import DEFAULT_HESSIAN, HESSIANS
-from ..inference._fit import DEFAULT_METHOD, METHODS
-from ..inference._study import EXPERIMENT_LEVEL, SCALES, ParameterError
+from ..inference.fitting._fides import DEFAULT_HESSIAN, HESSIANS
+from ..inference.fitting._fit import DEFAULT_METHOD, METHODS
+from ..inference.study._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._data_files import DataTable, read_data_table
@@ -354,7 +354,7 @@ def _experiment_table(context: "_ExperimentContext", problem: Any, parameters: l
         r.known(k, context.states, field + ("y0", k), "species")
         y0[k] = v if isinstance(v, str) else r.number(v, field + ("y0", k))
     t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
-    from ..inference._study_table import read_table
+    from ..inference.study._study_table import read_table
 
     try:
         df = read_table(file)

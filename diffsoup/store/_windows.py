@@ -2,7 +2,7 @@
 
 :class:`WindowStore` is the default :class:`~diffsoup.inference.WindowCache` of
 ``ds.inference.prepare_windows`` and ``InferenceProblem`` (the numerical layer names it through
-a lazy reference and never imports this module; see ``diffsoup/inference/_window_cache.py``).
+a lazy reference and never imports this module; see ``diffsoup/inference/shooting/_window_cache.py``).
 
 Layout (plain Zarr v3, readable with ``zarr.open_group``)::
 
@@ -56,7 +56,7 @@ from typing import Any, final
 import numpy as np
 
 from .._settings import cache_dir
-from ..inference._window_cache import WindowCache, WindowEntry
+from ..inference.shooting._window_cache import WindowCache, WindowEntry
 
 FORMAT = "diffsoup.windows/1"
 ARRAYS = ("starts", "edges")

@@ -149,7 +149,7 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
 
     from ..distributed._profile_runs import profile
     from ..inference import ProfileOptions
-    from ..inference._fit import optimizer_of
+    from ..inference.fitting._fit import optimizer_of
     from ..store import write_summary, write_text_durably
 
     sf = _study_file(study)

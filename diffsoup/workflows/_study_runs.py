@@ -239,7 +239,7 @@ def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, 
 
 
 def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchical=None) -> dict:
-    from ..inference._fit import METHODS
+    from ..inference.fitting._fit import METHODS
 
     s = dict(sf.fit)
     for key, value in (("method", method), ("starts", starts), ("seed", seed), ("max_nfev", max_nfev),
@@ -312,7 +312,7 @@ class FitStartTask:
     def __call__(self, item: Mapping[str, Any]) -> dict:
         from ..distributed._start_runs import analytic_once
         from ..inference import window_solves
-        from ..inference._fit import optimizer_of, run_start
+        from ..inference.fitting._fit import optimizer_of, run_start
 
         key = (self.study_path, item["study_digest"])
         solves_before = window_solves()
@@ -368,7 +368,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     """
     from ..distributed import checkpointed_map
     from ..inference import FitResult, StartResult, window_solves
-    from ..inference._fit import optimizer_of, start_points
+    from ..inference.fitting._fit import optimizer_of, start_points
     from ..distributed._start_runs import analytic_once
 
     sf = _study_file(study)

@@ -2,7 +2,7 @@
 
 An :class:`AbstractLoweredStudy` evaluates the objective of an inference problem over a set of its
 experiments (all of them, or a subset). Its one evaluation hook, :meth:`~AbstractLoweredStudy.compute`,
-returns a typed part (``diffsoup.inference._parts``); :meth:`~AbstractLoweredStudy.evaluate` records
+returns a typed part (``diffsoup.inference.objective._parts``); :meth:`~AbstractLoweredStudy.evaluate` records
 the part's failures and step counts, and the public methods (``value``, ``value_and_grad``,
 ``residuals``, ``residuals_and_jacobian``, ``gauss_newton``, ``hessian``) turn it into numbers with
 the objective's ``scale`` and ``offset``. The local implementation is ``LoweredStudy`` (chunks of

@@ -694,7 +694,7 @@ class Study:
 
 def problem_of(problem: Any) -> Any:
     """A built ``ds.Problem`` of a problem, spec or reaction network."""
-    from ..model import Problem, ProblemSpec, ReactionNetwork
+    from ...model import Problem, ProblemSpec, ReactionNetwork
 
     if isinstance(problem, ReactionNetwork):
         problem = problem.to_spec()

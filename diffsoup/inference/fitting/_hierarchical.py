@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 
 # Largest deviation of the residuals from the affine prediction, relative to the parameter's effect
 # (its column of B), at which it still counts as affine: the solves do not depend on it, so the
@@ -588,7 +588,7 @@ def _entry_uses(problem: Any) -> dict[str, set[int]]:
     """The study entries each kind of use reaches, over every experiment: ``"observable"``
     (observable parameters), ``"spread"`` (named spreads) and ``"elsewhere"`` (model and
     pre-equilibration parameters, initial states)."""
-    from ._terms import SIGMA_ENTRY, member_array
+    from ..objective._terms import SIGMA_ENTRY, member_array
 
     uses: dict[str, set[int]] = {"observable": set(), "spread": set(), "elsewhere": set()}
     for group in problem.groups:

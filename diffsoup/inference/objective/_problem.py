@@ -3,7 +3,7 @@
 It turns the study into arrays (one row per experiment, grouped by the shapes that can be
 vmapped together) and defines the per-experiment terms the lowered objective sums:
 
-- the terms of each measured value by its noise model (:mod:`diffsoup.inference._terms`): Gaussian
+- the terms of each measured value by its noise model (:mod:`diffsoup.inference.objective._terms`): Gaussian
   ``r = (h - d) / sigma``, log-normal ``r = (log_b h - log_b d) / sigma``, Laplace and log-Laplace
   ``|z| = |T(h) - T(d)| / scale`` with residual ``sqrt(2 |z|)``;
 - ``objective="nll"``: ``value`` = the negative log-likelihood (exactly PEtab's);
@@ -29,12 +29,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..integrate._tolerance import checked_rtol
-from ._multishoot import trajectory_signature, window_layout
-from ._noise import LAPLACE
-from ._solver_options import SolverOptions
-from ._experiment_arrays import dynamic_cells, pack_arrays, term_constants
-from ._study import Study, entries_by_name
+from ...integrate._tolerance import checked_rtol
+from ..study._multishoot import trajectory_signature, window_layout
+from ..study._noise import LAPLACE
+from ..study._solver_options import SolverOptions
+from ..study._experiment_arrays import dynamic_cells, pack_arrays, term_constants
+from ..study._study import Study, entries_by_name
 from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
     SIGMA_CELLS,
     SIGMA_ENTRY,
@@ -46,8 +46,8 @@ from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector
     full_vector,
     member_array,
 )
-from ._window_cache import WindowCache, window_cache
-from ._windows import window_starts
+from ..shooting._window_cache import WindowCache, window_cache
+from ..shooting._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
 # Experiments solved together by predict (a chunk's program is compiled once per group and size).
@@ -63,7 +63,7 @@ def _steady_state(test):
     is part of a group's key."""
     import dataclasses
 
-    from ..integrate import SteadyState
+    from ...integrate import SteadyState
 
     if test is None:
         return SteadyState()

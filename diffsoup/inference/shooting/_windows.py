@@ -3,7 +3,7 @@
 :func:`prepare_windows` computes an experiment's window starts (by a solve at the given parameter
 values, or from the data where the states are observed) and keeps them in a
 :class:`~diffsoup.inference.WindowCache` (by default the shared Zarr store under
-``DIFFSOUP_CACHE_DIR``, see :mod:`diffsoup.inference._window_cache`), keyed by :func:`window_key`, a
+``DIFFSOUP_CACHE_DIR``, see :mod:`diffsoup.inference.shooting._window_cache`), keyed by :func:`window_key`, a
 content hash of everything the starts depend on: the model (``Problem.fingerprint``: the rhs
 source, identity, names, sparsity pattern, precision and solver), the initial state, ``t0``, the
 model parameter values of the experiment, the window edges, the ``init`` mode, the data and the
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ._multishoot import Multishoot
-from ._solver_options import SolverOptions
-from ._study import Parameter, Study, entries_by_name
+from ..study._multishoot import Multishoot
+from ..study._solver_options import SolverOptions
+from ..study._study import Parameter, Study, entries_by_name
 from ._window_cache import WindowCache, WindowEntry, window_cache
 
 KEY_VERSION = "windows/1"
@@ -113,7 +113,7 @@ def compute_starts(study, values: np.ndarray, solver, experiment) -> np.ndarray:
         ValueError: for ``init="data"`` when a state is not observed.
         RuntimeError: naming the experiment, if the solve at the given values fails.
     """
-    from ..integrate import ForwardMode, simulate
+    from ...integrate import ForwardMode, simulate
 
     traj: Multishoot = experiment.trajectory
     problem = study.problem

@@ -36,6 +36,10 @@ from typing import Any, ClassVar
 NORMAL = "normal"
 LAPLACE = "laplace"
 
+# How a group of experiments gets its spreads: fixed numbers, one named spread per experiment
+# (``noise.sigma="name"``), or a spread per cell.
+SIGMA_FIXED, SIGMA_ENTRY, SIGMA_CELLS = "fixed", "entry", "cells"
+
 
 class AbstractNoise(abc.ABC):
     """A noise model of an experiment's measured values (see the module's table).
@@ -82,7 +86,7 @@ class Gaussian(AbstractNoise):
     Args:
         sigma: the standard deviation: a positive number, a study-parameter name, an array of
             numbers or names broadcastable to the data shape ``(m, k)``, or a callable
-            ``sigma(t, h, p)`` (see :mod:`diffsoup.inference._noise`).
+            ``sigma(t, h, p)`` (see :mod:`diffsoup.inference.study._noise`).
     """
 
     sigma: Any = 1.0

@@ -27,8 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ._experiment import Experiment, takes_time
-from ._noise import LAPLACE, AbstractNoise, Gaussian
-from ._terms import SIGMA_ENTRY, SIGMA_FIXED
+from ._noise import LAPLACE, SIGMA_ENTRY, SIGMA_FIXED, AbstractNoise, Gaussian
 
 # Experiments read at a time from an array that is not NumPy (Dask, Zarr) when its chunks do not say.
 READ_ROWS = 65536

@@ -29,7 +29,7 @@ def balance_owners(experiments: Any, lanes: int, *, weight: Callable | None = No
     Raises:
         ValueError: for ``lanes`` below 1 or a negative or non-finite weight.
     """
-    from ._study import Study
+    from ..study._study import Study
 
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
         raise ValueError(f"balance_owners: lanes={lanes!r} must be a positive integer.")

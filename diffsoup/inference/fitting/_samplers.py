@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._study import Parameter, Study
+from ..study._study import Parameter, Study
 
 SAMPLING_METHODS = ("lhs", "sobol")
 

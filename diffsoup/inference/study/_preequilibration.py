@@ -91,7 +91,7 @@ class Preequilibration:
         where = "Preequilibration"
         object.__setattr__(self, "conditions", checked_parameter_values(self.conditions, where, "conditions"))
         object.__setattr__(self, "y0", checked_initial_state(self.y0, where, "y0"))
-        from ..integrate import SteadyState
+        from ...integrate import SteadyState
 
         if self.steady_state is None:
             object.__setattr__(self, "steady_state", SteadyState())

@@ -12,7 +12,7 @@ trial point never ends a start.
 
 :class:`AbstractOptimizer` is what ``ds.inference.fit`` runs per start; the final
 implementations are :class:`TRF` and :class:`LBFGSB` (scipy) here, and ``Fides``
-(:mod:`diffsoup.inference._fides`).
+(:mod:`diffsoup.inference.fitting._fides`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._hierarchical import AnalyticParameters, projected_jacobian, residuals_or_none, schur_complement
 
 
@@ -56,7 +56,7 @@ class StartObjective:
             None or empty: every coordinate is free.
         on_evaluation: called after each evaluation of the lowered study (a progress bar).
         analytic: parameters optimized analytically at each evaluation (hierarchical optimization,
-            :mod:`diffsoup.inference._hierarchical`: offsets, scaling factors, noise levels): not
+            :mod:`diffsoup.inference.fitting._hierarchical`: offsets, scaling factors, noise levels): not
             among the free coordinates; ``theta(x)`` holds their optimum at ``x``. Those in
             ``fixed`` stay fixed.
 

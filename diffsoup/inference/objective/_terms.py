@@ -26,10 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._noise import LAPLACE
-
-# The fixed spreads' mode, one named spread per experiment (``noise.sigma="name"``), or per cell.
-SIGMA_FIXED, SIGMA_ENTRY, SIGMA_CELLS = "fixed", "entry", "cells"
+from ..study._noise import LAPLACE, SIGMA_CELLS, SIGMA_ENTRY, SIGMA_FIXED
 
 
 def member_array(members) -> np.ndarray:
@@ -246,8 +243,8 @@ class LaneTerms:
         y0 = self._initial(full, a, pv, group.y0_function, group.y0_entries, "")
         if pre is None:
             return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
-        from ..integrate import simulate
-        from ..integrate._steady_state_derivative import steady_state_with_derivatives
+        from ...integrate import simulate
+        from ...integrate._steady_state_derivative import steady_state_with_derivatives
 
         pre_pv = jnp.where(a["pre_keep"], pv, _gather(full, a["pre_entry"], a["pre_fixed"]))
         start = self._initial(full, a, pre_pv, pre.y0_function, pre.y0_entries, "pre_")
@@ -271,7 +268,7 @@ class LaneTerms:
         kw: dict = {}
         if not (group.resets or group.discontinuities or group.steady_state is not None):
             return kw
-        from ..integrate import Reset
+        from ...integrate import Reset
 
         pdict = self.problem.params_dict(pv)
         if group.resets:
@@ -294,7 +291,7 @@ class LaneTerms:
         import jax
         import jax.numpy as jnp
 
-        from ..integrate import CheckpointAdjoint, ForwardMode, simulate
+        from ...integrate import CheckpointAdjoint, ForwardMode, simulate
 
         problem, group = self.problem, self.group
         pv = self.model_parameters(full, a)

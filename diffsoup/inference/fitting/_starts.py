@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._samplers import latin_hypercube_unit
 
 

@@ -1,7 +1,7 @@
 """``ds.lower``: a study compiled into chunked, sharded objective programs (a ``LoweredStudy``).
 
 The tiled-objective pattern (DESIGN.md, ``reference/seeds/004``) with chunks of experiments as the
-tiles. Experiments of one :class:`~diffsoup.inference._problem.Group` (same observables, noise and
+tiles. Experiments of one :class:`~diffsoup.inference.objective._problem.Group` (same observables, noise and
 observable count; measurement times padded with the last time and masked) are stacked and
 vmapped, ``lanes`` of them per chunk. Each evaluation mode has its own program:
 
@@ -26,7 +26,7 @@ Gauss-Newton evaluation from 108 to 77 ms (Weber: 26 of 36 entries reach the sol
 (Brannmark, 15 of 22) and 79 to 70 ms (Fujita, 16 of 19), with the same numbers to the last bit.
 
 The compiled programs take the problem's numbers -- tolerances, step budget, fixed parameter values
-(:class:`~diffsoup.inference._problem.TermOperands`) -- as arguments, not constants. A program is a
+(:class:`~diffsoup.inference.objective._problem.TermOperands`) -- as arguments, not constants. A program is a
 function of its :class:`ProgramKey` alone (:func:`chunk_function` builds it from the key's fields),
 and the process keeps its recent programs by key: lowering the same study again with another
 ``SolverOptions(rtol=...)``, ``max_steps`` or ``values`` traces and compiles nothing.
@@ -49,9 +49,9 @@ asks for) against the block limit -- nothing is run to find out:
 compiled program of the chosen size is the one evaluations run. Chunk results are summed (or
 concatenated) on the device and brought to the host with one transfer per evaluation.
 
-Every evaluation first forms a typed *part* (``diffsoup.inference._parts``: sums before the
+Every evaluation first forms a typed *part* (``diffsoup.inference.objective._parts``: sums before the
 objective's scale and offset, residual rows by experiment), which the public methods of
-:class:`~diffsoup.inference._abstract_lowered.AbstractLoweredStudy` finish. ``restrict(experiments)``
+:class:`~diffsoup.inference.objective._abstract_lowered.AbstractLoweredStudy` finish. ``restrict(experiments)``
 gives a lowered study of the same problem that evaluates a subset of the experiments; the parts of
 the studies of a split combine (``combine_parts``) into the part of the whole, which is how
 ``ds.distributed.run`` spreads a study over Dask workers or processes. ``gauss_newton`` forms
@@ -95,7 +95,7 @@ from ._parts import (
     ValuePart,
 )
 from ._problem import InferenceProblem, LaneTerms, SolverOptions
-from ._study import Study
+from ..study._study import Study
 from ._terms import member_array
 
 # The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
@@ -171,7 +171,7 @@ class ProgramKey:
     Attributes:
         kind: ``"value"``, ``"value_and_grad"`` (the adjoint's gradient), ``"forward_gradient"``,
             ``"residuals"``, ``"jacobian"`` or ``"exact"`` (the exact Hessian).
-        terms: the group's :class:`~diffsoup.inference._problem.LaneTerms` (problem, group,
+        terms: the group's :class:`~diffsoup.inference.objective._problem.LaneTerms` (problem, group,
             objective scale, estimated entries and their scales, adjoint checkpoints).
         lanes: experiments per device per chunk.
         lane_mode: ``"vmap"`` (the lanes in lock-step) or ``"map"`` (one after the other).
@@ -387,7 +387,7 @@ class LoweredStudy(AbstractLoweredStudy):
     ):
         import jax
 
-        from .._layout import Layout
+        from ..._layout import Layout
 
         if hessian not in HESSIANS:
             raise ValueError(f"lower: hessian={hessian!r} must be one of {HESSIANS}.")
@@ -732,7 +732,7 @@ class LoweredStudy(AbstractLoweredStudy):
     def _bookkeeping(self, orders, statuses, steps) -> dict:
         """``failures`` (id -> Status) and ``steps`` (index -> steps) of the chunks' real lanes; a
         later chunk of the same experiment (differenced Hessians) overwrites an earlier one."""
-        from ..integrate import Status
+        from ...integrate import Status
 
         failures: dict = {}
         counts: dict = {}

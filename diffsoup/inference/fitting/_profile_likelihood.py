@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
 from ._fit import run_start
 from ._hierarchical import AnalyticParameters

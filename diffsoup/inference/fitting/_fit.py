@@ -11,10 +11,10 @@ Methods (``fit(method=...)``: a name, or an optimizer object with its options):
   on the value and its exact gradient.
 
 Starts are Latin hypercube samples within the bounds in the parameters' scaled coordinates
-(:mod:`diffsoup.inference._starts`). A failed solve during a fit (an experiment whose
+(:mod:`diffsoup.inference.fitting._starts`). A failed solve during a fit (an experiment whose
 ``ds.simulate`` status is not success) is recorded (experiment id, status) in the start's
 ``failures``; at a trial point it makes the optimizer step back (NaN, see
-:mod:`diffsoup.inference._optimizers`), never ends the start. A drawn start whose own point fails
+:mod:`diffsoup.inference.fitting._optimizers`), never ends the start. A drawn start whose own point fails
 is replaced by a fresh draw (``resample_failed_starts`` times at most); a start point given by the
 caller that fails is recorded as a failed start and not optimized.
 """
@@ -28,15 +28,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
 from ._hierarchical import AnalyticParameters
-from ._lower import lower
+from ..objective._lower import lower
 from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
-from ._problem import InferenceProblem
+from ..objective._problem import InferenceProblem
 from ._starts import latin_hypercube as latin_hypercube
 from ._starts import replacement_point, start_points
-from ._study import Study
+from ..study._study import Study
 
 METHODS = ("fides", "trf", "lbfgsb")
 DEFAULT_METHOD = "fides"
@@ -238,7 +238,7 @@ def fit(
         hierarchical: optimize offsets and scaling factors of observables (the residuals are
             affine in them) and noise levels (spreads of Gaussian or log-normal noise)
             analytically at every evaluation, so that the optimizer moves only the others
-            (:mod:`diffsoup.inference._hierarchical`): True takes every estimated parameter that
+            (:mod:`diffsoup.inference.fitting._hierarchical`): True takes every estimated parameter that
             qualifies (checked by evaluating the residuals at the nominal point); a sequence
             names them (each must qualify); None (default) takes the noise levels that qualify
             (measured: more starts reach the optimum on Boehm and Brannmark, at the cost of a

@@ -158,7 +158,7 @@ class Experiment:
             )
         self.resets = _checked_resets(resets, where)
         self.discontinuities = _checked_discontinuities(discontinuities, where)
-        from ..integrate import SteadyState
+        from ...integrate import SteadyState
 
         if steady_state is None:
             steady_state = SteadyState()
@@ -335,7 +335,7 @@ def _object_numbers(cells: np.ndarray, where: str, label: str) -> np.ndarray:
 
 
 def _checked_resets(resets, where: str) -> tuple:
-    from ..integrate import Reset
+    from ...integrate import Reset
 
     if resets is None:
         return ()

@@ -1,5 +1,5 @@
 """``ds.Study.from_table``: the experiments of a long-format table (one row per measured value) as
-arrays (:mod:`diffsoup.inference._experiment_arrays`), pivoted without a loop over experiments."""
+arrays (:mod:`diffsoup.inference.study._experiment_arrays`), pivoted without a loop over experiments."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where multiple-shooting window starts are kept between solves: the :class:`WindowCache` interface.
 
 The numerical layer computes window starts and asks a cache for them by content key
-(:func:`~diffsoup.inference._windows.window_key`); it does not know how a cache keeps them.
+(:func:`~diffsoup.inference.shooting._windows.window_key`); it does not know how a cache keeps them.
 Two implementations:
 
 - ``diffsoup.store.WindowStore``: a Zarr store under ``DIFFSOUP_CACHE_DIR``, shared by every
@@ -23,7 +23,7 @@ from typing import Any, ContextManager, Mapping, final
 
 import numpy as np
 
-from .._lazy import LazyReference
+from ..._lazy import LazyReference
 
 # The cache used when none is given: the shared Zarr store (see the module docstring).
 DEFAULT_WINDOW_CACHE = LazyReference("diffsoup.store._windows", "WindowStore")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._abstract_lowered import AbstractLoweredStudy
+from ..objective._abstract_lowered import AbstractLoweredStudy
 
 HESSIANS = ("gauss_newton", "exact")
 
