@@ -121,8 +121,8 @@ def main():
     print(f"cold imports, {args.rounds} fresh processes each, {info['cpu_count']} cores, "
           f"load {tuple(round(x, 1) for x in info['load_average_at_start'])}")  # fmt: skip
     headers = ["import", "median s", "fastest s", "process wall s", "modules", "scipy", "x jax"]
-    table = [[r["name"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['wall_median_s']:.3f}",
-              r["modules_loaded"], "yes" if r["scipy_loaded"] else "no", f"{r['ratio_vs_jax']:.2f}"] for r in rows]  # fmt: skip
+    table = [[r["name"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['wall_median_s']:.3f}", r["modules_loaded"],
+              "yes" if r["scipy_loaded"] else "no", f"{r['ratio_vs_jax']:.2f}"] for r in rows]  # fmt: skip
     print(markdown_table(headers, table))
     print(f"import diffsoup {diffsoup_s:.3f} s = import jax {jax_s:.3f} s + {diffsoup_s - jax_s:.3f} s "
           f"(target {TARGET_S} s: {'met' if summary['meets_target'] else 'not met'})")  # fmt: skip

@@ -85,7 +85,8 @@ def test_lazy_inference_names_are_listed_and_resolve():
         assert set(dir(inference)) == listed, set(dir(inference)) ^ listed
         from diffsoup.inference import TRF, ProfileOptions, fit
         assert fit is inference.fitting._fit.fit and TRF is inference.fitting._optimizers.TRF
-        assert ds.lower is inference.lower and ProfileOptions.__module__ == "diffsoup.inference.fitting._profile_likelihood"
+        assert ds.lower is inference.lower
+        assert ProfileOptions.__module__ == "diffsoup.inference.fitting._profile_likelihood"
         print("ok")
         """
     )
