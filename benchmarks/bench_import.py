@@ -6,13 +6,14 @@ timed in the same run (peers), and the modules each import loads.
     python benchmarks/bench_import.py --baseline /work/main  # also another checkout's import diffsoup
 
 Each statement runs in a fresh ``python -c`` process, which prints the seconds of the statement
-alone (``time.perf_counter`` around it, interpreter start-up excluded) and the number of modules
-in ``sys.modules`` afterwards. The statements run round-robin (one process each per round), so
-that a change of the machine's load falls on all of them alike; one untimed round first writes
-the bytecode caches (to a folder of the temporary directory). Per statement: the median and the
-fastest round, the process's wall time, the modules loaded beyond a bare interpreter's, and the
-ratio of its median to ``import jax``'s (diffsoup's core is built on JAX, which loads with it).
-The statements:
+alone (``time.perf_counter`` around it, interpreter start-up excluded), its CPU seconds
+(``time.process_time``: less sensitive than the elapsed time to other work on a busy machine) and
+the number of modules in ``sys.modules`` afterwards. The statements run round-robin (one process
+each per round), so that a change of the machine's load falls on all of them alike; one untimed
+round first writes the bytecode caches (to a folder of the temporary directory). Per statement:
+the median and the fastest round, the median CPU seconds, the process's wall time, the modules
+loaded beyond a bare interpreter's, and the ratio of its median to ``import jax``'s (diffsoup's
+core is built on JAX, which loads with it). The statements:
 
 - ``numpy``, ``jax``: the peers;
 - ``diffsoup``: ``import diffsoup`` (JAX and the numerical core; the target is 0.5 s on a 2-core CPU);
@@ -53,10 +54,10 @@ STATEMENTS = {
 
 CHILD = """
 import sys, time
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 {statement}
-seconds = time.perf_counter() - start
-print(seconds, len(sys.modules), int("scipy" in sys.modules))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(seconds, cpu, len(sys.modules), int("scipy" in sys.modules))
 """
 
 
@@ -72,8 +73,9 @@ def _one(statement: str, root: Path) -> dict:
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(f"{statement!r} failed in {root}:\n{out.stderr[-2000:]}")
-    seconds, modules, scipy = out.stdout.split()
-    return {"seconds": float(seconds), "wall_s": wall, "modules": int(modules), "scipy": bool(int(scipy))}
+    seconds, cpu, modules, scipy = out.stdout.split()
+    return {"seconds": float(seconds), "cpu_s": float(cpu), "wall_s": wall, "modules": int(modules),
+            "scipy": bool(int(scipy))}  # fmt: skip
 
 
 def main():
@@ -104,7 +106,8 @@ def main():
         seconds = [r["seconds"] for r in runs[name]]
         rows.append({
             "name": name, "statement": statement, "root": str(root), "median_s": median(seconds),
-            "min_s": min(seconds), "wall_median_s": median([r["wall_s"] for r in runs[name]]),
+            "min_s": min(seconds), "cpu_median_s": median([r["cpu_s"] for r in runs[name]]),
+            "wall_median_s": median([r["wall_s"] for r in runs[name]]),
             "modules_loaded": runs[name][0]["modules"] - bare, "scipy_loaded": runs[name][0]["scipy"],
             "ratio_vs_jax": median(seconds) / jax_s, "seconds": seconds,
         })  # fmt: skip
@@ -113,19 +116,22 @@ def main():
     summary = {
         "import_diffsoup_s": diffsoup_s, "import_jax_s": jax_s, "ratio_diffsoup_vs_jax": diffsoup_s / jax_s,
         "diffsoup_beyond_jax_s": diffsoup_s - jax_s, "target_s": TARGET_S, "meets_target": diffsoup_s <= TARGET_S,
-        "jax_alone_within_target": jax_s <= TARGET_S,
+        "jax_alone_within_target": jax_s <= TARGET_S, "import_diffsoup_cpu_s": by_name["diffsoup"]["cpu_median_s"],
+        "import_jax_cpu_s": by_name["jax"]["cpu_median_s"],
     }  # fmt: skip
     if "diffsoup (baseline)" in by_name:
         summary["speedup_vs_baseline"] = by_name["diffsoup (baseline)"]["median_s"] / diffsoup_s
 
     print(f"cold imports, {args.rounds} fresh processes each, {info['cpu_count']} cores, "
           f"load {tuple(round(x, 1) for x in info['load_average_at_start'])}")  # fmt: skip
-    headers = ["import", "median s", "fastest s", "process wall s", "modules", "scipy", "x jax"]
-    table = [[r["name"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['wall_median_s']:.3f}", r["modules_loaded"],
+    headers = ["import", "median s", "fastest s", "CPU s", "process wall s", "modules", "scipy", "x jax"]
+    table = [[r["name"], f"{r['median_s']:.3f}", f"{r['min_s']:.3f}", f"{r['cpu_median_s']:.3f}",
+              f"{r['wall_median_s']:.3f}", r["modules_loaded"],
               "yes" if r["scipy_loaded"] else "no", f"{r['ratio_vs_jax']:.2f}"] for r in rows]  # fmt: skip
     print(markdown_table(headers, table))
     print(f"import diffsoup {diffsoup_s:.3f} s = import jax {jax_s:.3f} s + {diffsoup_s - jax_s:.3f} s "
-          f"(target {TARGET_S} s: {'met' if summary['meets_target'] else 'not met'})")  # fmt: skip
+          f"(target {TARGET_S} s: {'met' if summary['meets_target'] else 'not met'}); CPU "
+          f"{summary['import_diffsoup_cpu_s']:.3f} s against {summary['import_jax_cpu_s']:.3f} s")  # fmt: skip
     if "speedup_vs_baseline" in summary:
         print(f"{summary['speedup_vs_baseline']:.2f}x faster than the baseline's import diffsoup")
     out = RESULTS / "bench_import.json"
