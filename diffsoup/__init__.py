@@ -1,7 +1,9 @@
 """diffsoup: differentiable stiff ODE simulation and fitting in JAX.
 
-Import it as ``import diffsoup as ds``. Importing it never changes JAX's global settings and
-never imports Dask, zarr or the GPU binding; those load when first used.
+Import it as ``import diffsoup as ds``. Importing it never changes JAX's global settings; it
+loads JAX and the numerical core (models, linear solvers, integrators) and nothing else: the
+inference layer (``ds.Study``, ``ds.lower``, ``ds.inference``), scipy, fides, Dask, zarr, sympy and
+the GPU binding load when first used.
 """
 
 from ._settings import configure as _configure
@@ -29,16 +31,19 @@ from .integrate import ForwardMode as ForwardMode
 from .integrate import CheckpointAdjoint as CheckpointAdjoint
 from .integrate import Reset as Reset
 from . import linear as linear
-from .inference.study._experiment import Experiment as Experiment
-from .inference.study._study import Study as Study
-from .inference.objective._lower import lower as lower
 
 __version__ = "0.1.0"
 
 from ._lazy import lazy_attributes
 
-# Subpackages of the higher layers (and the heavier dependencies they bring) load on first access.
+# The inference layer's names and the subpackages of the higher layers (and the heavier
+# dependencies they bring: scipy, fides, sympy, Dask, zarr) load on first access.
 __getattr__, __dir__ = lazy_attributes(
     __name__,
+    {
+        "Experiment": "diffsoup.inference",
+        "Study": "diffsoup.inference",
+        "lower": "diffsoup.inference",
+    },
     submodules=("inference", "formats", "petab", "store", "distributed", "examples", "plots", "workflows", "cli"),
 )

@@ -1,11 +1,15 @@
 """Import hygiene: diffsoup never flips JAX's global settings, loads Dask/zarr/GPU code lazily,
-and a float64 policy without x64 says how to turn it on."""
+``import diffsoup`` loads JAX and the numerical core only (no scipy, fides, sympy, inference or
+fitting code), and a float64 policy without x64 says how to turn it on."""
 
 import os
 import subprocess
 import sys
 import textwrap
 
+# Third-party packages ``import diffsoup`` leaves alone (top-level names in sys.modules).
+NOT_AT_IMPORT = ("scipy", "fides", "pypesto", "sympy", "libsbml", "petab", "dask", "distributed", "zarr",
+                 "matplotlib", "klujax")  # fmt: skip
 
 
 def _run(code, **env):
@@ -29,6 +33,60 @@ def test_import_leaves_jax_config_and_heavy_modules_alone():
         assert not changed, changed
         heavy = [m for m in ("dask", "distributed", "zarr", "klujax", "diffsoup.linear._cudss_binding") if m in sys.modules]
         assert not heavy, heavy
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_import_diffsoup_loads_jax_and_the_numerical_core_only():
+    out = _run(
+        f"""
+        import sys
+        import diffsoup as ds
+        loaded = set(sys.modules)
+        heavy = sorted({{m.split(".")[0] for m in loaded}} & set({NOT_AT_IMPORT!r}))
+        assert heavy == [], heavy
+        ours = sorted(m for m in loaded if m.startswith("diffsoup.inference"))
+        assert ours == [], ours  # ds.Study, ds.lower and ds.inference are lazy
+        assert "diffsoup.integrate._simulate" in loaded and "jax" in loaded  # the core is there
+
+        study = ds.Study  # the inference layer without its fitting room
+        assert study is ds.inference.Study and "diffsoup.inference.objective._lower" in sys.modules
+        assert not [m for m in sys.modules if m.startswith("diffsoup.inference.fitting")]
+        assert not {{m.split(".")[0] for m in sys.modules}} & {{"scipy", "fides", "pypesto"}}
+
+        fit = ds.inference.fit  # positive control: the check sees fitting load on first use
+        assert "diffsoup.inference.fitting._fit" in sys.modules
+        from diffsoup.inference.fitting._fit import fit as defined
+        assert fit is defined
+        import numpy as np
+        ds.model.SparsityPattern.from_matrix(np.eye(3))  # positive control: scipy.sparse on first use
+        assert "scipy.sparse" in sys.modules
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_lazy_inference_names_are_listed_and_resolve():
+    out = _run(
+        """
+        import diffsoup as ds
+        import diffsoup.inference as inference
+        listed = set(dir(inference))
+        fitting = {"fit", "FitResult", "StartResult", "Fides", "TRF", "LBFGSB", "AbstractOptimizer", "ParameterBox",
+                   "SobolIndices", "latin_hypercube", "sobol", "ParameterProfile", "ProfileOptions", "ProfileResult",
+                   "profile_parameter", "pypesto_objective", "pypesto_problem", "fitting"}
+        assert fitting <= listed, fitting - listed
+        assert {"Study", "Experiment", "lower", "inference"} <= set(dir(ds))
+        for name in sorted(listed):  # every listed name resolves, and resolving adds none
+            getattr(inference, name)
+        assert set(dir(inference)) == listed, set(dir(inference)) ^ listed
+        from diffsoup.inference import TRF, ProfileOptions, fit
+        assert fit is inference.fitting._fit.fit and TRF is inference.fitting._optimizers.TRF
+        assert ds.lower is inference.lower
+        assert ProfileOptions.__module__ == "diffsoup.inference.fitting._profile_likelihood"
         print("ok")
         """
     )

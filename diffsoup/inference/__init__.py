@@ -1,33 +1,28 @@
 """Experiments, studies, objectives, fitting, multiple shooting, and campaigns of independent fits.
 
-Some documented names of this package are defined in higher layers and re-exported here lazily
-(:mod:`diffsoup._lazy`), so importing this package imports none of them: ``checkpointed_map``,
-``world`` and the campaign drivers ``profile`` (profile likelihoods, one task per parameter) and
-``multistart`` (one task per start) live in :mod:`diffsoup.distributed` beside the other
-execution code (Dask), and
+The study model, multiple shooting and the objective (``Study``, ``lower``, ...) load with this
+package. Other documented names load on first use (:mod:`diffsoup._lazy`), so importing this
+package imports none of them: the fitting room's (``fit``, ``Fides``, ``TRF``, ``LBFGSB``, the
+samplers, ``profile_parameter``, the pyPESTO bridge: they bring scipy's optimizers, fides and
+pyPESTO when they run); and names of higher layers: ``checkpointed_map``, ``world`` and the
+campaign drivers ``profile`` (profile likelihoods, one task per parameter) and ``multistart`` (one
+task per start) live in :mod:`diffsoup.distributed` beside the other execution code (Dask), and
 ``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
 from .objective._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from .objective._balance import balance_owners as balance_owners
 from .study._experiment import Experiment as Experiment
-from .fitting._fides import Fides as Fides
 from .study._noise import AbstractNoise as AbstractNoise
 from .study._noise import Gaussian as Gaussian
 from .study._noise import Laplace as Laplace
 from .study._noise import LogLaplace as LogLaplace
 from .study._noise import LogNormal as LogNormal
 from .study._preequilibration import Preequilibration as Preequilibration
-from .fitting._fit import FitResult as FitResult
-from .fitting._fit import StartResult as StartResult
-from .fitting._fit import fit as fit
 from .objective._lower import LoweredStudy as LoweredStudy
 from .objective._lower import default_block_limit as default_block_limit
 from .objective._lower import lower as lower
 from .study._multishoot import Multishoot as Multishoot
-from .fitting._optimizers import LBFGSB as LBFGSB
-from .fitting._optimizers import TRF as TRF
-from .fitting._optimizers import AbstractOptimizer as AbstractOptimizer
 from .study._parameter_table import parameter_table as parameter_table
 from .study._parameter_table import write_parameter_table as write_parameter_table
 from .objective._parts import AbstractPart as AbstractPart
@@ -39,16 +34,6 @@ from .objective._parts import ResidualsPart as ResidualsPart
 from .objective._parts import ValuePart as ValuePart
 from .objective._parts import combine_parts as combine_parts
 from .objective._problem import InferenceProblem as InferenceProblem
-from .fitting._samplers import ParameterBox as ParameterBox
-from .fitting._samplers import SobolIndices as SobolIndices
-from .fitting._samplers import latin_hypercube as latin_hypercube
-from .fitting._samplers import sobol as sobol
-from .fitting._profile_likelihood import ParameterProfile as ParameterProfile
-from .fitting._profile_likelihood import ProfileOptions as ProfileOptions
-from .fitting._profile_likelihood import ProfileResult as ProfileResult
-from .fitting._profile_likelihood import profile_parameter as profile_parameter
-from .fitting._pypesto import pypesto_objective as pypesto_objective
-from .fitting._pypesto import pypesto_problem as pypesto_problem
 from .study._solver_options import SolverOptions as SolverOptions
 from .study._study import Parameter as Parameter
 from .study._study import Study as Study
@@ -61,10 +46,29 @@ from .shooting._windows import window_solves as window_solves
 
 from .._lazy import lazy_attributes
 
-# name -> the module that defines it, loaded on first attribute access.
+# name -> the module that defines it, loaded on first attribute access. The fitting room (its
+# optimizers bring scipy.optimize, fides and pyPESTO when they run) loads on first use, so that
+# ``import diffsoup`` and ``ds.inference`` stay light; the higher layers' names come after it.
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
+        "fit": "diffsoup.inference.fitting._fit",
+        "FitResult": "diffsoup.inference.fitting._fit",
+        "StartResult": "diffsoup.inference.fitting._fit",
+        "AbstractOptimizer": "diffsoup.inference.fitting._optimizers",
+        "TRF": "diffsoup.inference.fitting._optimizers",
+        "LBFGSB": "diffsoup.inference.fitting._optimizers",
+        "Fides": "diffsoup.inference.fitting._fides",
+        "ParameterBox": "diffsoup.inference.fitting._samplers",
+        "SobolIndices": "diffsoup.inference.fitting._samplers",
+        "latin_hypercube": "diffsoup.inference.fitting._samplers",
+        "sobol": "diffsoup.inference.fitting._samplers",
+        "ParameterProfile": "diffsoup.inference.fitting._profile_likelihood",
+        "ProfileOptions": "diffsoup.inference.fitting._profile_likelihood",
+        "ProfileResult": "diffsoup.inference.fitting._profile_likelihood",
+        "profile_parameter": "diffsoup.inference.fitting._profile_likelihood",
+        "pypesto_objective": "diffsoup.inference.fitting._pypesto",
+        "pypesto_problem": "diffsoup.inference.fitting._pypesto",
         "checkpointed_map": "diffsoup.distributed",
         "CampaignResult": "diffsoup.distributed",
         "world": "diffsoup.distributed",
@@ -75,4 +79,5 @@ __getattr__, __dir__ = lazy_attributes(
         "StudyFile": "diffsoup.formats",
         "StudyFileError": "diffsoup.formats",
     },
+    submodules=("fitting",),
 )

@@ -23,10 +23,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
+
+# scipy.sparse is imported inside the functions that use it (at ``spec.build``), not here: it
+# takes longer to import than the rest of the model layer, and ``import diffsoup`` stays light.
 
 # ----------------------------------------------------------------------------------------------
 # The pattern
@@ -56,6 +61,7 @@ class SparsityPattern:
     @classmethod
     def from_matrix(cls, matrix: Any, *, include_diagonal: bool = True) -> "SparsityPattern":
         """Make a pattern from anything scipy can read as a sparse matrix (or a dense boolean array)."""
+        import scipy.sparse as sp
         m = sp.csr_matrix(matrix, dtype=bool)
         if m.shape[0] != m.shape[1]:
             raise ValueError(f"A Jacobian sparsity pattern must be square; got shape {m.shape}.")
@@ -88,12 +94,14 @@ class SparsityPattern:
     @property
     def transpose_permutation(self) -> np.ndarray:
         """Positions of the entries of the transposed matrix, in its CSR order."""
+        import scipy.sparse as sp
         coo = sp.csr_matrix((np.arange(self.nnz) + 1, self.indices, self.indptr), shape=(self.n, self.n))
         t = coo.T.tocsr()
         t.sort_indices()
         return (t.data - 1).astype(np.int32)
 
     def to_scipy(self, values: np.ndarray | None = None) -> sp.csr_matrix:
+        import scipy.sparse as sp
         data = np.ones(self.nnz, dtype=bool) if values is None else np.asarray(values)
         return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.n, self.n))
 
@@ -136,6 +144,7 @@ def color_columns(pattern: sp.csr_matrix) -> np.ndarray:
     Greedy coloring over three orderings (natural, largest degree first, smallest-last); the one
     with fewest colors is kept.
     """
+    import scipy.sparse as sp
     # Boolean products (sums are ORs): an integer count of shared rows could wrap around to 0.
     p = sp.csr_matrix(pattern, dtype=bool)
     adj = (p.T @ p).tocsr()  # columns i, j conflict iff they share a row
@@ -225,6 +234,7 @@ _CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
 
 
 def _union_broadcast(parts: list[_Var], size: int, n: int) -> sp.csr_matrix | None:
+    import scipy.sparse as sp
     acc = None
     for part in parts:
         if part.deps is None:
@@ -237,12 +247,14 @@ def _union_broadcast(parts: list[_Var], size: int, n: int) -> sp.csr_matrix | No
 
 
 def _repeat_rows(row: sp.csr_matrix, size: int) -> sp.csr_matrix:
+    import scipy.sparse as sp
     idx = np.zeros(size, dtype=np.int64)
     return sp.csr_matrix(row[idx], dtype=bool)
 
 
 def _select_rows(deps: sp.csr_matrix, ids: np.ndarray) -> sp.csr_matrix:
     """Rows ``ids`` of ``deps``; a negative id gives an empty row."""
+    import scipy.sparse as sp
     ids = np.asarray(ids).reshape(-1)
     valid = ids >= 0
     safe = np.where(valid, ids, 0)
@@ -339,6 +351,7 @@ class _Tracer:
 
     @staticmethod
     def _mul_parts(ins: list[_Var], size: int) -> list[_Var]:
+        import scipy.sparse as sp
         a, b = ins
         parts = []
         for this, other in ((a, b), (b, a)):
@@ -354,6 +367,7 @@ class _Tracer:
         return parts
 
     def structural(self, eqn, ins: list[_Var], out_shapes) -> list[_Var]:
+        import scipy.sparse as sp
         name = eqn.primitive.name
         data_pos = _STRUCTURAL[name]
         if data_pos is None:
@@ -389,6 +403,7 @@ class _Tracer:
         return [_Var(s, _select_rows(stacked, np.asarray(r))) for s, r in zip(out_shapes, results)]
 
     def reduction(self, v: _Var, axes, out_shape) -> sp.csr_matrix:
+        import scipy.sparse as sp
         shape = v.shape
         keep = [d for d in range(len(shape)) if d not in axes]
         idx = np.indices(shape).reshape(len(shape), -1) if shape else np.zeros((0, 1), dtype=np.int64)
@@ -398,6 +413,7 @@ class _Tracer:
         return sp.csr_matrix(g @ v.deps, dtype=bool)
 
     def cumulative(self, v: _Var, axis: int, reverse: bool) -> sp.csr_matrix:
+        import scipy.sparse as sp
         ids = np.arange(v.size).reshape(v.shape)
         moved = np.moveaxis(ids, axis, -1).reshape(-1, v.shape[axis])
         rows, cols = [], []
@@ -412,6 +428,7 @@ class _Tracer:
         return sp.csr_matrix(g @ v.deps, dtype=bool)
 
     def dot_general(self, lhs: _Var, rhs: _Var, dimension_numbers) -> sp.csr_matrix | None:
+        import scipy.sparse as sp
         (lc, rc), (lb, rb) = dimension_numbers
         lf = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
         rf = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
@@ -449,6 +466,7 @@ def _probe(fn_y: Callable, y: np.ndarray, *, chunk: int = 128, seed: int = 0) ->
     """Pattern from Jacobian columns, ``chunk`` at a time, at two random states (OR of both)."""
     import jax
     import jax.numpy as jnp
+    import scipy.sparse as sp
 
     n = y.shape[0]
     rng = np.random.default_rng(seed)
@@ -473,6 +491,7 @@ def detect_sparsity(rhs: Callable, t: Any, y: np.ndarray, p: Any) -> tuple[sp.cs
         ``(pattern, method)``, method ``"jaxpr"`` or ``"probing"``.
     """
     import jax
+    import scipy.sparse as sp
 
     n = int(y.shape[0])
     closed = jax.make_jaxpr(lambda y_, p_, t_: rhs(t_, y_, p_))(y, p, t)
