@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-DIRECTIVE = re.compile(r"^<!--\s*generate:\s*(\w+)\s*(.*?)\s*-->\s*$", re.MULTILINE)
+DIRECTIVE = re.compile(r"^<!--[ \t]*generate:[ \t]*(\w+)[ \t]*(.*?)[ \t]*-->[ \t]*$", re.MULTILINE)
 STORED_TABLES = ("table_markdown", "table", "memory_table_markdown")
 
 
@@ -173,10 +173,13 @@ def _demote_headings(markdown: str) -> str:
 
 
 def benchmark_tables(arguments: str) -> str:
-    tokens = arguments.split()
-    if not tokens:
+    name, _, rest = arguments.strip().partition(" ")
+    if not name:
         raise ValueError("<!-- generate: benchmark --> needs a file of benchmarks/results/")
-    name, options = tokens[0], dict(token.split("=", 1) for token in tokens[1:])
+    # options: key=value, a value running to the next " key=" (column labels may hold spaces)
+    options = dict(re.findall(r"(\w+)=(.*?)(?=\s+\w+=|$)", rest.strip()))
+    if rest.strip() and not options:
+        raise ValueError(f"benchmark {name}: cannot read the options {rest.strip()!r}")
     unknown = set(options) - {"table", "rows", "cols"}
     if unknown:
         raise ValueError(f"benchmark {name}: unknown option(s) {sorted(unknown)}; use table=, rows=, cols=")
