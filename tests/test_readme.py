@@ -1,9 +1,16 @@
-"""The README's code runs as written: every ```python block (each in a fresh process, in a
-temporary directory), and the study file of 'Study files' loads.
+"""The README's and the guide pages' code runs as written: every ```python block (each in a fresh
+process) and every ```bash block (in ``bash -euo pipefail``), and the study file of 'Study files'
+loads.
 
-Markers (an HTML comment on the line before a block, invisible on GitHub):
-    <!-- readme-test: continues -->          the block runs after the previous one, in its process
-    <!-- readme-test: skip (REASON) -->      not run here (e.g. needs a GPU); keep these few
+Blocks run in a scratch directory laid out like a checkout after ``./run demo``: ``tests/`` and
+``jobs/`` of this checkout linked in, the demo's study in ``diffsoup-demo/`` (what ``./run demo``
+writes), and ``.venv/bin/activate`` putting a ``diffsoup`` command of this interpreter on ``PATH``.
+
+Markers (an HTML comment on the line before a block, invisible on GitHub and on the site):
+    <!-- test: continues -->          the python block runs after the previous one, in its process
+    <!-- test: slow -->               the block is marked slow (it compiles fits; still run in CI)
+    <!-- test: skip (REASON) -->      not run here (e.g. needs a GPU or a cluster); keep these few
+    <!-- test: study-file -->         a study file (toml) that test_study_file_loads reads
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-MARKER = re.compile(r"^<!--\s*readme-test:\s*(continues|skip)\s*(?:\((.+)\))?\s*-->$")
+PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
+MARKER = re.compile(r"^<!--\s*test:\s*(continues|skip|slow|study-file)\s*(?:\((.+)\))?\s*-->$")
 FENCE = re.compile(r"^```(\w*)\s*$")
+RUNNABLE = {"python": "python", "bash": "bash", "sh": "bash"}
+MAX_SKIPS = 4  # over all pages: skipped blocks stay few and visible
 
 
 def code_blocks(text: str) -> list[dict]:
@@ -43,58 +52,111 @@ def code_blocks(text: str) -> list[dict]:
     return blocks
 
 
-def python_programs(text: str) -> list[tuple[str, str]]:
-    """(name, source) of each program: a python block and the blocks that continue it."""
-    programs: list[list] = []
+def programs(text: str, page: str = "README.md") -> list[dict]:
+    """Each program to run: a python block with the blocks that continue it, or a bash block."""
+    out: list[dict] = []
     for block in code_blocks(text):
-        if block["language"] != "python":
+        kind = RUNNABLE.get(block["language"])
+        where = f"{page}:{block['line']}"
+        if kind is None:
             continue
         if block["marker"] == "skip":
-            assert block["reason"], f"README.md:{block['line']}: a skipped block says why: skip (reason)"
+            assert block["reason"], f"{where}: a skipped block says why: <!-- test: skip (reason) -->"
             continue
         if block["marker"] == "continues":
-            assert programs, f"README.md:{block['line']}: 'continues' needs a block before it"
-            programs[-1][0] += f"+{block['line']}"
-            programs[-1][1] += f"\n\n# README.md:{block['line']}\n" + block["code"]
-        else:
-            programs.append([f"README.md:{block['line']}", f"# README.md:{block['line']}\n" + block["code"]])
-    return [tuple(p) for p in programs]
+            assert kind == "python" and out and out[-1]["kind"] == "python", (
+                f"{where}: 'continues' follows a python block")  # fmt: skip
+            out[-1]["name"] += f"+{block['line']}"
+            out[-1]["source"] += f"\n\n# {where}\n" + block["code"]
+            continue
+        out.append({"name": where, "kind": kind, "slow": block["marker"] == "slow",
+                    "source": f"# {where}\n" + block["code"]})  # fmt: skip
+    return out
 
 
 def test_the_block_parser_sees_markers():
-    text = ("x\n```python\na = 1\n```\n<!-- readme-test: continues -->\n```python\nb = a\n```\n"
-            "<!-- readme-test: skip (needs a GPU) -->\n\n```python\nimport nothing\n```\n```bash\nls\n```\n")  # fmt: skip
-    assert python_programs(text) == [("README.md:3+7", "# README.md:3\na = 1\n\n# README.md:7\nb = a")]
-    assert [b["language"] for b in code_blocks(text)] == ["python", "python", "python", "bash"]
+    text = ("x\n```python\na = 1\n```\n<!-- test: continues -->\n```python\nb = a\n```\n"
+            "<!-- test: skip (needs a GPU) -->\n\n```python\nimport nothing\n```\n<!-- test: slow -->\n"
+            "```bash\nls\n```\n```toml\nx = 1\n```\n")  # fmt: skip
+    assert programs(text) == [
+        {"name": "README.md:3+7", "kind": "python", "slow": False, "source": "# README.md:3\na = 1\n\n# README.md:7\nb = a"},
+        {"name": "README.md:16", "kind": "bash", "slow": True, "source": "# README.md:16\nls"},
+    ]  # fmt: skip
+    assert [b["language"] for b in code_blocks(text)] == ["python", "python", "python", "bash", "toml"]
+    with pytest.raises(AssertionError, match="says why"):
+        programs("<!-- test: skip -->\n```python\nx\n```\n")
 
 
-PROGRAMS = python_programs(README.read_text(encoding="utf-8"))
+def _all_programs() -> list:
+    params = []
+    for page in PAGES:
+        name = page.relative_to(ROOT).as_posix()
+        for program in programs(page.read_text(encoding="utf-8"), name):
+            marks = [pytest.mark.slow] if program["slow"] else []
+            params.append(pytest.param(program, id=program["name"], marks=marks))
+    return params
 
 
-def test_the_readme_has_python_to_run():
-    blocks = [b for b in code_blocks(README.read_text(encoding="utf-8")) if b["language"] == "python"]
-    assert len(blocks) >= 2 and PROGRAMS
-    assert sum(b["marker"] == "skip" for b in blocks) <= 2  # skips stay few
+PROGRAMS = _all_programs()
 
 
-@pytest.mark.parametrize("name, source", PROGRAMS, ids=[name for name, _ in PROGRAMS])
-def test_readme_python_block_runs(name, source, tmp_path):
-    script = tmp_path / "readme_block.py"
-    script.write_text(source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+def test_the_pages_have_code_to_run_and_few_skips():
+    readme = code_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert sum(b["language"] == "python" for b in readme) >= 2
+    assert sum(b["language"] == "bash" and b["marker"] != "skip" for b in readme) >= 1
+    skips = [(page.name, b["line"]) for page in PAGES for b in code_blocks(page.read_text(encoding="utf-8"))
+             if b["marker"] == "skip"]  # fmt: skip
+    assert len(skips) <= MAX_SKIPS, f"skipped blocks stay few: {skips}"
+    # the PEtab fit of the README runs (it is not skipped)
+    assert any("ds.petab.load" in p.values[0]["source"] and p.values[0]["name"].startswith("README.md") for p in PROGRAMS)
 
 
-def test_readme_study_file_loads(tmp_path):
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One DIFFSOUP_CACHE_DIR for the module's blocks: a later block loads what an earlier compiled."""
+    return tmp_path_factory.mktemp("diffsoup-cache")
+
+
+def _workspace(path: Path, cache: Path) -> dict:
+    """A checkout after ``./run demo``, in ``path``; returns the environment blocks run with."""
+    from diffsoup._demo_study import write_demo_study
+
+    for name in ("tests", "jobs"):
+        (path / name).symlink_to(ROOT / name, target_is_directory=True)
+    write_demo_study(path / "diffsoup-demo")
+    bin_dir = path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    command = bin_dir / "diffsoup"
+    command.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m diffsoup "$@"\n')
+    command.chmod(0o755)
+    (bin_dir / "activate").write_text(f'PATH="{bin_dir}:$PATH"; export PATH\n')
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "DIFFSOUP_CACHE_DIR": str(cache),
+            "MPLBACKEND": "Agg"}  # fmt: skip
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_block_runs(program, tmp_path, cache_dir):
+    env = _workspace(tmp_path, cache_dir)
+    if program["kind"] == "python":
+        script = tmp_path / "block.py"
+        script.write_text(program["source"])
+        command = [sys.executable, str(script)]
+    else:
+        script = tmp_path / "block.sh"
+        script.write_text(program["source"])
+        command = ["bash", "-euo", "pipefail", str(script)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, f"{program['name']} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def test_study_file_loads(tmp_path):
     """The study file of 'Study files', with data files made up for its experiment."""
     from diffsoup.formats import load_study
 
-    studies = [b for b in code_blocks(README.read_text(encoding="utf-8"))
-               if b["language"] == "toml" and b["code"].lstrip().startswith("format = \"diffsoup-study/")]  # fmt: skip
-    assert len(studies) == 1
+    page = ROOT / "docs" / "guide" / "study-files.md"
+    studies = [b for b in code_blocks(page.read_text(encoding="utf-8")) if b["marker"] == "study-file"]
+    assert len(studies) == 1 and studies[0]["language"] == "toml"
     (tmp_path / "data").mkdir()
     times = np.linspace(0.5, 6.0, 12)
     rows = [f"{t:g},{np.exp(-0.04 * t):.6g},{1.0:.6g}" for t in times]
