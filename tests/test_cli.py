@@ -487,6 +487,49 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
         assert d["n_evaluations"] == expected.n_evaluations
 
 
+def test_campaign_reads_a_ledger_of_an_earlier_diffsoup_as_the_same_starts(tmp_path):
+    """A ledger whose starts an earlier diffsoup named ``start-000``, ``start-001`` (with the
+    fingerprints of its items) resumes: no start runs again and the fit is the same; the file is
+    rewritten with today's ids, the old one kept as a .bak. A record under an old id of another
+    start (another point) is a conflict, as it was."""
+    from diffsoup.inference.fitting._fit import optimizer_of, start_points
+    from diffsoup.store import Ledger, LedgerConflictError, fingerprint
+    from diffsoup.workflows import campaign_study, study_digest
+
+    study = write_decay_study(tmp_path / "study")
+    settings = dict(starts=2, seed=3, method="trf", max_nfev=10, hierarchical=False, progress=False, plots=False)
+    first = campaign_study(study, tmp_path / "new", log=lambda line: None, **settings)
+    done = Ledger.load(tmp_path / "new" / "campaign.json")
+    # The items of the earlier version, as it made them.
+    from diffsoup.formats import load_study
+
+    points = start_points(load_study(study).lower(), 2, 3)
+
+    def old_ledger(folder, moved=()):
+        records = {}
+        for i, p in enumerate(points):
+            x0 = [float(v) + (0.5 if i in moved else 0.0) for v in p]
+            item = {"task_id": f"start-{i:03d}", "x0": x0, "study_digest": study_digest(study),
+                    "optimizer": repr(optimizer_of("trf", max_nfev=10)), "hierarchical": False}  # fmt: skip
+            record = done.get(f"start-{i:04d}")
+            record["result"] = {k: v for k, v in record["result"].items() if k != "resampled"}  # not there before
+            records[item["task_id"]] = {**record, "task_id": item["task_id"], "fingerprint": fingerprint(item)}
+        folder.mkdir()
+        Ledger(folder / "campaign.json", function="diffsoup.workflows._study_runs.FitStartTask", tasks=records).save()
+
+    old_ledger(tmp_path / "old")
+    lines = []
+    again = campaign_study(study, tmp_path / "old", log=lines.append, **settings)
+    assert again["campaign"]["resumed"] == 2 and again["campaign"]["accepted"] == 2
+    assert again["objective"] == first["objective"] and again["parameters"] == first["parameters"]
+    assert sorted(json.loads((tmp_path / "old" / "campaign.json").read_text())["tasks"]) == ["start-0000", "start-0001"]
+    assert len(list((tmp_path / "old").glob("campaign.json.*.bak"))) == 1
+    assert any("start-000, ...): read as start-0000" in line for line in lines), lines
+    old_ledger(tmp_path / "moved", moved=(1,))
+    with pytest.raises(LedgerConflictError, match="recorded task 'start-0001' for a different item"):
+        campaign_study(study, tmp_path / "moved", log=lambda line: None, **settings)
+
+
 def fitted_decay_study(folder):
     """The decay study of :func:`write_decay_study` in ``folder``, fitted into ``folder/fit`` (in
     this process); returns the fit's summary."""
