@@ -105,7 +105,7 @@ def test_campaign_in_process_resumes_from_its_ledger(demo, tmp_path):
     first = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
     assert "2 of 2 starts accepted (0 from an earlier run)" in first.stdout
     ledger = json.loads((tmp_path / "campaign.json").read_text())
-    assert sorted(ledger["tasks"]) == ["start-000", "start-001"]
+    assert sorted(ledger["tasks"]) == ["start-0000", "start-0001"]
     again = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
     assert "2 of 2 starts accepted (2 from an earlier run)" in again.stdout
     other = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--seed", 9, "--in-process",
@@ -446,11 +446,14 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     """A campaign in this process finds the parameters optimized analytically once, before its
     tasks; a worker's tasks find them once per study and choice (not at every start), and a task
     ends where ``fit`` from the same point ends."""
-    from diffsoup.distributed import _start_runs
+    import pickle
+
+    from diffsoup.distributed import _lowered_cache, _start_runs
     from diffsoup.inference import fit
     from diffsoup.inference.fitting._fit import optimizer_of
     from diffsoup.inference.fitting._hierarchical import AnalyticParameters
-    from diffsoup.workflows import _study_runs, campaign_study, study_digest
+    from diffsoup.workflows import campaign_study, study_digest
+    from diffsoup.workflows._study_runs import StudyLowering
 
     study = write_decay_study(tmp_path)  # A, a scaling of the observable: optimized analytically when named
     real = AnalyticParameters.find.__func__
@@ -464,21 +467,67 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     summary = campaign_study(study, tmp_path / "campaign", starts=3, hierarchical=["A"], progress=False, plots=False,
                              log=lambda line: None)  # fmt: skip
     assert calls == [["A"]] and summary["analytic"] == ["A"]
-    # A worker process: the study is built by the first task, the parameters found once for both.
-    monkeypatch.setattr(_study_runs, "_LOWERED", {})
+    # A worker process (the task unpickled there, an empty cache): the study is lowered by the
+    # first task, the parameters found once for both.
+    monkeypatch.setattr(_lowered_cache, "LOWERED", _lowered_cache.LoweredCache())
     monkeypatch.setattr(_start_runs, "_ANALYTIC", [None, None, None])
     calls.clear()
-    task = _study_runs.FitStartTask(str(study.resolve()), optimizer_of("fides"), None)
-    digest = study_digest(study)
+    task = _start_runs.StartTask(StudyLowering(str(study.resolve()), study_digest(study)), optimizer_of("fides"),
+                                 seed=0, resample_failed_starts=0, analytic=["A"])  # fmt: skip
+    task = pickle.loads(pickle.dumps(task))
     points = [[0.5, -0.5], [1.5, -1.0]]
-    done = [task({"x0": p, "study_digest": digest, "hierarchical": ["A"]}) for p in points]
-    assert calls == [["A"]] and [d["built_here"] for d in done] == [True, False]
-    lowered = next(iter(_study_runs._LOWERED.values()))
+    done = [task({"index": i, "x0": p}) for i, p in enumerate(points)]
+    assert [list(c) for c in calls] == [["A"]] and [d["built_here"] for d in done] == [True, False]
+    lowered, built = _lowered_cache.lowered_from(task.lowered, task.fingerprint)
+    assert not built and _lowered_cache.LOWERED.lowerings == 1
     for p, d in zip(points, done):
         expected = fit(lowered, starts=np.array([p]), hierarchical=["A"]).starts[0]
         assert d["objective"] == pytest.approx(expected.objective, abs=1e-10)
         np.testing.assert_allclose(d["x"], expected.x, atol=1e-10)
         assert d["n_evaluations"] == expected.n_evaluations
+
+
+def test_campaign_reads_a_ledger_of_an_earlier_diffsoup_as_the_same_starts(tmp_path):
+    """A ledger whose starts an earlier diffsoup named ``start-000``, ``start-001`` (with the
+    fingerprints of its items) resumes: no start runs again and the fit is the same; the file is
+    rewritten with today's ids, the old one kept as a .bak. A record under an old id of another
+    start (another point) is a conflict, as it was."""
+    from diffsoup.inference.fitting._fit import optimizer_of, start_points
+    from diffsoup.store import Ledger, LedgerConflictError, fingerprint
+    from diffsoup.workflows import campaign_study, study_digest
+
+    study = write_decay_study(tmp_path / "study")
+    settings = dict(starts=2, seed=3, method="trf", max_nfev=10, hierarchical=False, progress=False, plots=False)
+    first = campaign_study(study, tmp_path / "new", log=lambda line: None, **settings)
+    done = Ledger.load(tmp_path / "new" / "campaign.json")
+    # The items of the earlier version, as it made them.
+    from diffsoup.formats import load_study
+
+    points = start_points(load_study(study).lower(), 2, 3)
+
+    def old_ledger(folder, moved=()):
+        records = {}
+        for i, p in enumerate(points):
+            x0 = [float(v) + (0.5 if i in moved else 0.0) for v in p]
+            item = {"task_id": f"start-{i:03d}", "x0": x0, "study_digest": study_digest(study),
+                    "optimizer": repr(optimizer_of("trf", max_nfev=10)), "hierarchical": False}  # fmt: skip
+            record = done.get(f"start-{i:04d}")
+            record["result"] = {k: v for k, v in record["result"].items() if k != "resampled"}  # not there before
+            records[item["task_id"]] = {**record, "task_id": item["task_id"], "fingerprint": fingerprint(item)}
+        folder.mkdir()
+        Ledger(folder / "campaign.json", function="diffsoup.workflows._study_runs.FitStartTask", tasks=records).save()
+
+    old_ledger(tmp_path / "old")
+    lines = []
+    again = campaign_study(study, tmp_path / "old", log=lines.append, **settings)
+    assert again["campaign"]["resumed"] == 2 and again["campaign"]["accepted"] == 2
+    assert again["objective"] == first["objective"] and again["parameters"] == first["parameters"]
+    assert sorted(json.loads((tmp_path / "old" / "campaign.json").read_text())["tasks"]) == ["start-0000", "start-0001"]
+    assert len(list((tmp_path / "old").glob("campaign.json.*.bak"))) == 1
+    assert any("start-000, ...): read as start-0000" in line for line in lines), lines
+    old_ledger(tmp_path / "moved", moved=(1,))
+    with pytest.raises(LedgerConflictError, match="recorded task 'start-0001' for a different item"):
+        campaign_study(study, tmp_path / "moved", log=lambda line: None, **settings)
 
 
 def fitted_decay_study(folder):
