@@ -30,8 +30,9 @@ from typing import Any
 
 from ..inference.objective._abstract_lowered import AbstractLoweredStudy
 
-DEFAULT_MAX_ENTRIES = 4
-"""Lowered studies a process keeps at most (a GPU worker's memory holds their compiled programs)."""
+DEFAULT_MAX_ENTRIES = 16
+"""Lowered studies a process keeps at most: enough for every shard a worker holds in a run (shards are
+released when their run closes) beside a few campaign studies; their compiled programs stay in memory."""
 
 
 class LoweredCache:
