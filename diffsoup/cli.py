@@ -76,10 +76,10 @@ def _cluster(args):
 
     if args.in_process:
         return contextlib.nullcontext((None, None))
-    from .distributed import cluster_client, read_profile
+    from .distributed import cluster_client, read_slurm_profile
 
     if args.slurm is not None:
-        shared = read_profile(args.slurm).shared_dir
+        shared = read_slurm_profile(args.slurm).shared_dir
         if shared is not None:
             # This command is the driver: it shares the workers' window-start store (the workers get
             # the same directory through their job script).
