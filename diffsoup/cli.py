@@ -20,9 +20,11 @@ import os
 import sys
 from pathlib import Path
 
+# The one vocabulary of ds.inference.Fides(hessian=...) (a module that imports nothing).
+from .inference.fitting._hessians import FIDES_HESSIANS
+
 # diffsoup.inference.fitting._fit.METHODS, not imported here so that --help does not import JAX.
 FIT_METHODS = ("fides", "trf", "lbfgsb")
-HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")  # ds.inference.Fides(hessian=...)
 
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
               "problem's YAML file")
@@ -273,7 +275,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
                    help="output directory (default ./diffsoup-results)")  # fmt: skip
     p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
-    p.add_argument("--hessian", choices=HESSIANS,
+    p.add_argument("--hessian", choices=FIDES_HESSIANS,
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
                    help="optimize scaling factors and offsets of observables and noise levels analytically at each "

@@ -627,10 +627,26 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
                     check=False)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
-    from diffsoup.cli import HESSIANS
-    from diffsoup.inference.fitting._fides import HESSIANS as FIDES_HESSIANS
 
-    assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'
+
+
+def test_the_command_hessian_choices_are_the_optimizers():
+    """``--hessian`` offers exactly the Hessians ``ds.inference.Fides`` accepts (one vocabulary,
+    read by the command rather than copied), and each is accepted by Fides."""
+    import argparse
+
+    import diffsoup as ds
+    from diffsoup.cli import build_parser
+    from diffsoup.inference.fitting._hessians import FIDES_HESSIANS
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in ("fit", "campaign"):
+        (option,) = [a for a in commands.choices[command]._actions if "--hessian" in a.option_strings]
+        assert tuple(option.choices) == FIDES_HESSIANS == ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
+    for hessian in FIDES_HESSIANS:
+        assert ds.inference.Fides(hessian=hessian).hessian == hessian
+    with pytest.raises(ValueError, match="hessian='newton' must be one of"):
+        ds.inference.Fides(hessian="newton")
 
 
 def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
