@@ -38,7 +38,11 @@ def main() -> int:
     parser.add_argument("--samples", type=int, required=True, help="parameter draws (sobol: a power of 2)")
     parser.add_argument("--sampler", choices=("lhs", "sobol"), default="lhs", help="Latin hypercube or Sobol' points")
     parser.add_argument("--seed", type=int, default=0, help="fixes the draws (keep it to resume)")
-    parser.add_argument("--chunk-size", type=int, help="draws per chunk (default: the setting diffsoup.ensemble.chunk-size)")
+    parser.add_argument("--draws-per-chunk", type=int,
+                        help="parameter draws per chunk (default: the setting diffsoup.ensemble.chunk-size, in "
+                        "simulations' worth)")  # fmt: skip
+    # The deprecated name of --draws-per-chunk, still read, not listed.
+    parser.add_argument("--chunk-size", type=int, dest="draws_per_chunk", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     study = ds.inference.load_study(args.study)
@@ -54,7 +58,7 @@ def main() -> int:
         print(f"Dask dashboard: {client.dashboard_link}", flush=True)
         # The chunks wait for workers from the batch queue (simulate_samples waits for the first).
         summary = ds.workflows.simulate_samples(study, args.out, samples=args.samples, sampler=args.sampler,
-                                                seed=args.seed, client=client, chunk_size=args.chunk_size,
+                                                seed=args.seed, client=client, draws_per_chunk=args.draws_per_chunk,
                                                 progress=sys.stderr.isatty())
     cluster.close()
     print(f"ensemble: {summary['chunks_written']} chunks written in this allocation, {summary['chunks_resumed']} "

@@ -677,3 +677,28 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'k' cannot be optimized analytically" in proc.stderr
     assert not (tmp_path / "k-campaign" / "campaign.json").exists()
+
+
+def test_chunk_size_flag_is_the_deprecated_name_of_draws_per_chunk(tmp_path, capsys):
+    """``simulate --samples N --chunk-size K`` still works: it warns on stderr naming
+    ``--draws-per-chunk`` and sets the same value; it is not listed in --help; both flags at once
+    is a usage error."""
+    from diffsoup.cli import build_parser, read_renamed_flags
+
+    parser = build_parser()
+    study = str(tmp_path / "study.toml")
+    new = parser.parse_args(["simulate", study, "--samples", "8", "--draws-per-chunk", "3"])
+    read_renamed_flags(new, parser)
+    assert capsys.readouterr().err == ""
+    old = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3"])
+    read_renamed_flags(old, parser)
+    assert "--chunk-size is deprecated; give --draws-per-chunk" in capsys.readouterr().err
+    assert vars(old) == vars(new) and new.draws_per_chunk == 3
+    both = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3", "--draws-per-chunk", "3"])
+    with pytest.raises(SystemExit):
+        read_renamed_flags(both, parser)
+    assert "give --draws-per-chunk only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    shown = capsys.readouterr().out
+    assert "--draws-per-chunk" in shown and "--chunk-size" not in shown
