@@ -27,6 +27,7 @@ import jax
 jax.config.update("jax_enable_x64", True)  # diffsoup's default policy is float64
 
 import diffsoup as ds  # noqa: E402
+from diffsoup.cli import read_renamed_flags  # noqa: E402
 from distributed import Client  # noqa: E402
 
 
@@ -41,9 +42,10 @@ def main() -> int:
     parser.add_argument("--draws-per-chunk", type=int,
                         help="parameter draws per chunk (default: the setting diffsoup.ensemble.chunk-size, in "
                         "simulations' worth)")  # fmt: skip
-    # The deprecated name of --draws-per-chunk, still read, not listed.
-    parser.add_argument("--chunk-size", type=int, dest="draws_per_chunk", help=argparse.SUPPRESS)
+    # The deprecated name of --draws-per-chunk: still read (with a warning on stderr), not listed.
+    parser.add_argument("--chunk-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    read_renamed_flags(args, parser)
 
     study = ds.inference.load_study(args.study)
     profile = ds.distributed.read_slurm_profile(args.profile)  # checked: errors name the file and the key
