@@ -1,14 +1,15 @@
 """Start points of a multistart fit: a Latin hypercube on the parameters' scales within the bounds.
 
 Every estimated parameter is sampled in the optimizer's coordinates (``log10 k`` for a
-``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts),
-one point per stratum of each coordinate: the unit-cube points of ``ds.inference.latin_hypercube``
+``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts), one
+point per stratum of each coordinate: the unit-cube points of the public sampler
+``ds.inference.latin_hypercube``
 (:func:`~diffsoup.inference.fitting._samplers.latin_hypercube_unit`, ``scipy.stats.qmc``) mapped
-linearly onto the scaled bounds, so the starts are that sampler's draws from a box of the scaled
-bounds on the linear scale (``ds.inference.latin_hypercube(ParameterBox(names, lower, upper,
-("lin",) * d), n, seed=seed)``, which takes no box with ``lower == upper``). The points are a
-function of ``(n, seed)`` alone, so a campaign that reruns with the same settings finds the same
-starts (its ledger items fingerprint them) and resumes.
+linearly onto the scaled bounds. They are that sampler's draws from a box of the scaled bounds on
+the linear scale (tested bit for bit); the map is done here because a ``ParameterBox`` refuses a
+parameter estimated with ``lower == upper``, which a study allows. The points are a function of
+``(n, seed)`` alone, so a campaign that reruns with the same settings finds the same starts (its
+ledger items fingerprint them) and resumes.
 
 A start point at which a solve fails (the model blows up, a steady state is not reached) is
 replaced, when ``fit`` draws the starts itself, by :func:`replacement_point`: a uniform draw on
