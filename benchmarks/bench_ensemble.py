@@ -8,9 +8,9 @@ per task: the inputs never exist whole).
 Measured in the same run, every figure also a ratio against the in-process peer:
 
 * **in-process** (run before and after the Dask runs; the faster is the peer, so that a machine
-  whose load changes does not flatter Dask): ``jax.jit(jax.vmap(ds.simulate))`` on chunks of ``--draws-per-chunk`` simulations in a
-  loop in one process (the same program the ensemble's tasks run; the inputs generated the same
-  way), results brought to host memory: simulations per second.
+  whose load changes does not flatter Dask): ``jax.jit(jax.vmap(ds.simulate))`` on chunks of
+  ``--draws-per-chunk`` simulations in a loop in one process (the same program the ensemble's tasks
+  run; the inputs generated the same way), results brought to host memory: simulations per second.
 * **Dask + Zarr**: ``ds.distributed.ensemble(...).to_zarr(store)`` on the embedded cluster
   (``ds.distributed.embedded_cluster``: ``--workers`` CPU worker processes here, one worker per
   GPU with ``--gpu``), into a new store: simulations per second over the whole write, after a

@@ -324,7 +324,8 @@ def main():
                                        args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
         "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
         "dask": lambda *a: part_dask(20 if q else 10000, *a),
-        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a, experiments_per_chunk=args.experiments_per_chunk),
+        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a,
+                                        experiments_per_chunk=args.experiments_per_chunk),
     }
     for part in args.part:
         # Rows are written as they come: a device call cut short keeps what it measured.

@@ -528,9 +528,11 @@ def test_simulate_samples_writes_a_resumable_ensemble_of_a_study_file(tmp_path):
     x = xr.open_zarr(tmp_path / "out" / "simulation.zarr")
     assert x["observables"].shape == (4, 2, x.sizes["time_index"], 3)
     assert x["observable"].values.tolist() == ["S", "P", "bound"]
-    again = simulate_samples(path, tmp_path / "out", samples=4, seed=2, draws_per_chunk=2, progress=False, log=lines.append)
+    again = simulate_samples(path, tmp_path / "out", samples=4, seed=2, draws_per_chunk=2, progress=False,
+                             log=lines.append)  # fmt: skip
     assert again["chunks_written"] == 0 and again["chunks_resumed"] == 2
     # chunk_size= (the deprecated name) warns and means the same chunks: the store resumes whole.
     with pytest.warns(DeprecationWarning, match="chunk_size= is deprecated; give draws_per_chunk="):
-        old = simulate_samples(path, tmp_path / "out", samples=4, seed=2, chunk_size=2, progress=False, log=lines.append)
+        old = simulate_samples(path, tmp_path / "out", samples=4, seed=2, chunk_size=2, progress=False,
+                               log=lines.append)  # fmt: skip
     assert old["chunks_written"] == 0 and old["chunks_resumed"] == 2

@@ -616,8 +616,8 @@ def ensemble(
         if solver is not None:
             raise TypeError("ensemble: solver= is for a study; give a problem's ds.simulate options as keywords "
                             "(rtol=, atol=, max_steps=, ...).")  # fmt: skip
-        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names, draws_per_chunk,
-                                 resources, client, options)  # fmt: skip
+        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names,
+                                 draws_per_chunk, resources, client, options)  # fmt: skip
     if isinstance(target, Study):
         for name, value in (("y0", y0), ("t_eval", t_eval), ("observables", observables)):
             if value is not None:
@@ -663,8 +663,8 @@ def _named_columns(params: Any, names: Sequence[str] | None, known: Sequence[str
     return _as_dask(params, "params", chunk_rows, len(names)), names
 
 
-def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, draws_per_chunk, resources,
-                      client, options) -> Ensemble:  # fmt: skip
+def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, draws_per_chunk,
+                      resources, client, options) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
     import jax
@@ -755,7 +755,8 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
     return Ensemble(combined, params_da, layout, pinned)
 
 
-def _study_ensemble(study, params, parameter_names, output_names, solver, draws_per_chunk, resources, client) -> Ensemble:
+def _study_ensemble(study, params, parameter_names, output_names, solver, draws_per_chunk, resources,
+                    client) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
 

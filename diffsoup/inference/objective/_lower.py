@@ -915,9 +915,10 @@ def lower(
             experiments over the data axis; None for one device.
         hessian: ``"exact"`` (forward-over-reverse products), ``"fd"`` (central differences of
             gradients) or ``"auto"`` (exact where it fits under the block limit).
-        experiments_per_chunk: experiments per chunk (all devices together) to start the search from, capped at the group's size and
-            halved until the program fits. Default: on a GPU the largest chunk that fits the block
-            limit (extrapolated from a probe program's scratch), on a CPU 256.
+        experiments_per_chunk: experiments per chunk (all devices together) to start the search
+            from, capped at the group's size and halved until the program fits. Default: on a GPU
+            the largest chunk that fits the block limit (extrapolated from a probe program's
+            scratch), on a CPU 256.
         block_limit_bytes: the largest scratch block a program may ask for; None reads
             :func:`default_block_limit` from the device.
         fd_step: the difference step for ``hessian="fd"``, in theta's units (scaled parameters).
