@@ -676,10 +676,26 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
                     check=False)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
-    from diffsoup.cli import HESSIANS
-    from diffsoup.inference.fitting._fides import HESSIANS as FIDES_HESSIANS
 
-    assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'
+
+
+def test_the_command_hessian_choices_are_the_optimizers():
+    """``--hessian`` offers exactly the Hessians ``ds.inference.Fides`` accepts (one vocabulary,
+    read by the command rather than copied), and each is accepted by Fides."""
+    import argparse
+
+    import diffsoup as ds
+    from diffsoup.cli import build_parser
+    from diffsoup.inference.fitting._hessians import FIDES_HESSIANS
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in ("fit", "campaign"):
+        (option,) = [a for a in commands.choices[command]._actions if "--hessian" in a.option_strings]
+        assert tuple(option.choices) == FIDES_HESSIANS == ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
+    for hessian in FIDES_HESSIANS:
+        assert ds.inference.Fides(hessian=hessian).hessian == hessian
+    with pytest.raises(ValueError, match="hessian='newton' must be one of"):
+        ds.inference.Fides(hessian="newton")
 
 
 def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
@@ -710,3 +726,28 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'k' cannot be optimized analytically" in proc.stderr
     assert not (tmp_path / "k-campaign" / "campaign.json").exists()
+
+
+def test_chunk_size_flag_is_the_deprecated_name_of_draws_per_chunk(tmp_path, capsys):
+    """``simulate --samples N --chunk-size K`` still works: it warns on stderr naming
+    ``--draws-per-chunk`` and sets the same value; it is not listed in --help; both flags at once
+    is a usage error."""
+    from diffsoup.cli import build_parser, read_renamed_flags
+
+    parser = build_parser()
+    study = str(tmp_path / "study.toml")
+    new = parser.parse_args(["simulate", study, "--samples", "8", "--draws-per-chunk", "3"])
+    read_renamed_flags(new, parser)
+    assert capsys.readouterr().err == ""
+    old = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3"])
+    read_renamed_flags(old, parser)
+    assert "--chunk-size is deprecated; give --draws-per-chunk" in capsys.readouterr().err
+    assert vars(old) == vars(new) and new.draws_per_chunk == 3
+    both = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3", "--draws-per-chunk", "3"])
+    with pytest.raises(SystemExit):
+        read_renamed_flags(both, parser)
+    assert "give --draws-per-chunk only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    shown = capsys.readouterr().out
+    assert "--draws-per-chunk" in shown and "--chunk-size" not in shown

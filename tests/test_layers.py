@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "diffsoup._settings": 0,
     "diffsoup._lazy": 0,
     "diffsoup._compilation_cache": 0,
+    "diffsoup._deprecated": 0,  # renamed keywords kept as deprecated aliases
     "diffsoup._precision": 1,
     "diffsoup._layout": 1,
     "diffsoup.linear": 2,

@@ -6,19 +6,21 @@ predicts the study's observables at each parameter draw: values ``(draws, experi
 observables)`` (padded with NaN where experiments have fewer times or observables) and a status
 ``(draws, experiments)``.
 
-Execution: the rows are split into chunks of ``chunk_size`` (a simple rule for now: the argument,
-else the setting ``diffsoup.ensemble.chunk-size``, 1024 simulations; a study's chunks hold that
-many simulations' worth of draws, at least one). Each chunk is one Dask task running one jitted,
-vmapped solve (the last chunk is padded to the same size, so every chunk runs one program),
-compiled once per worker process. The solve task is annotated with ``resources`` (``{"GPU": 1}``,
-the setting ``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call
-has a worker offering them, so it runs on GPU workers, one at a time per GPU; without such workers
-(CPU clusters, no client) it runs on any worker. The tasks around it (drawing the inputs, writing
-into Zarr) ask for nothing, so a worker's second thread runs them beside the next chunk's solve
+Execution: the rows (parameter draws) are split into chunks of ``draws_per_chunk`` (a simple rule
+for now: the argument, else the setting ``diffsoup.ensemble.chunk-size``, 1024 *simulations*; a
+problem simulates each draw once, so that is 1024 draws, while a study simulates each draw once per
+experiment, so its chunks hold that many simulations' worth of draws, at least one). ``chunk_size=``
+is the deprecated name of ``draws_per_chunk=``. Each chunk is one Dask task running one jitted,
+vmapped solve (the last chunk is padded to the same size, so every chunk runs one program), compiled
+once per worker process. The solve task is annotated with ``resources`` (``{"GPU": 1}``, the setting
+``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call has a worker
+offering them, so it runs on GPU workers, one at a time per GPU; without such workers (CPU clusters,
+no client) it runs on any worker. The tasks around it (drawing the inputs, writing into Zarr) ask
+for nothing, so a worker's second thread runs them beside the next chunk's solve
 (``diffsoup.cluster.threads-per-worker``): :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr`
 compute without Dask's graph optimization, which would fuse them into the solve task and lose its
-annotation. The task returns one combined block per chunk (parameters, values,
-status), which :meth:`Ensemble.values` and :meth:`Ensemble.status` slice: compute them together
+annotation. The task returns one combined block per chunk (parameters, values, status), which
+:meth:`Ensemble.values` and :meth:`Ensemble.status` slice: compute them together
 (``dask.compute(ens.values, ens.status)``) to solve each chunk once.
 
 Failures are values: a simulation that fails has its ``ds.Status`` code in the status array and
@@ -41,11 +43,13 @@ import threading
 import time
 import typing
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._deprecated import renamed_keyword
 from ..store._ensemble_store import EnsembleLayout, EnsembleStore
 from ._config import get
 from ._dask_campaign import check_resources
@@ -140,9 +144,17 @@ class Ensemble:
         return dict(self.layout.coordinates)
 
     @property
-    def chunk_size(self) -> int:
-        """Rows (simulations, or draws of a study) per chunk."""
+    def draws_per_chunk(self) -> int:
+        """Parameter draws (rows) per chunk: a problem's simulations, or a study's draws (each
+        simulated once per experiment)."""
         return self.layout.chunk_rows
+
+    @property
+    def chunk_size(self) -> int:
+        """Deprecated name of :attr:`draws_per_chunk`."""
+        warnings.warn("Ensemble.chunk_size is deprecated; read Ensemble.draws_per_chunk (the same number).",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return self.draws_per_chunk
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -461,17 +473,21 @@ def ensemble_resources(resources: Mapping[str, float] | None, client: Any = None
     return {}
 
 
-def _chunk_rows(chunk_size: Any, per_row: int = 1) -> int:
-    if chunk_size is None:
+def _chunk_rows(draws_per_chunk: Any, per_row: int = 1) -> int:
+    """Draws per chunk: ``draws_per_chunk``, else the setting (simulations) over ``per_row``
+    simulations per draw."""
+    if draws_per_chunk is None:
         size = get("ensemble.chunk-size")
         if isinstance(size, str):
             size = int(size)
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"the setting diffsoup.ensemble.chunk-size={size!r} must be a positive integer.")
         return max(1, int(size) // per_row)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive integer (rows per chunk).")
-    return int(chunk_size)
+    size = draws_per_chunk
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"draws_per_chunk={size!r} must be a positive integer (parameter draws, rows of params, "
+                         "per chunk).")  # fmt: skip
+    return int(size)
 
 
 def _as_dask(x: Any, name: str, chunk_rows: int, width: int | None = None):
@@ -540,9 +556,10 @@ def ensemble(
     observables: Callable | None = None,
     output_names: Sequence[str] | None = None,
     solver: Any = None,
-    chunk_size: int | None = None,
+    draws_per_chunk: int | None = None,
     resources: Mapping[str, float] | None = None,
     client: Any = None,
+    chunk_size: int | None = None,
     **options: Any,
 ) -> Ensemble:
     """An ensemble of simulations as lazy Dask arrays, chunked along the leading axis.
@@ -569,13 +586,15 @@ def ensemble(
             (``p`` the parameters by name); None returns the states.
         output_names: names of the outputs (problem) or of the observable columns (study).
         solver: study only: a ``ds.inference.SolverOptions`` (tolerances, step budget).
-        chunk_size: rows per chunk (problem: simulations; study: draws); None reads the setting
-            ``diffsoup.ensemble.chunk-size`` (a study's chunks hold that many simulations' worth
-            of draws). The inputs are rechunked to it.
+        draws_per_chunk: rows of ``params`` (parameter draws) per chunk: a problem's simulations,
+            a study's draws (each simulated once per experiment); None reads the setting
+            ``diffsoup.ensemble.chunk-size``, in simulations (a study's chunks hold that many
+            simulations' worth of draws). The inputs are rechunked to it.
         resources: what each chunk's task asks of a worker (``{}``: nothing); None reads the
             setting ``diffsoup.ensemble.resources`` and applies it only where the current client
             (``client``, else Dask's default) has a worker offering it.
         client: the ``distributed.Client`` whose workers decide ``resources`` (None: the default one).
+        chunk_size: the deprecated name of ``draws_per_chunk`` (warns).
         **options: problem only: ``ds.simulate``'s keywords (``rtol``, ``atol``, ``method``,
             ``max_steps``, ``t0``, ...), the same for every row.
 
@@ -586,17 +605,19 @@ def ensemble(
         TypeError: for a ``target`` that is neither, an unknown ``ds.simulate`` keyword, or
             options of the other kind of target.
         ValueError: for shapes that do not match, unknown parameter names, missing ``t_eval``
-            or ``params``, a bad ``chunk_size``.
+            or ``params``, a bad ``draws_per_chunk``.
+        TypeError: for both ``draws_per_chunk`` and its deprecated name ``chunk_size``.
     """
     from ..inference import Study
     from ..model import Problem
 
+    draws_per_chunk = renamed_keyword("ensemble", "chunk_size", chunk_size, "draws_per_chunk", draws_per_chunk)
     if isinstance(target, Problem):
         if solver is not None:
             raise TypeError("ensemble: solver= is for a study; give a problem's ds.simulate options as keywords "
                             "(rtol=, atol=, max_steps=, ...).")  # fmt: skip
-        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names, chunk_size,
-                                 resources, client, options)  # fmt: skip
+        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names,
+                                 draws_per_chunk, resources, client, options)  # fmt: skip
     if isinstance(target, Study):
         for name, value in (("y0", y0), ("t_eval", t_eval), ("observables", observables)):
             if value is not None:
@@ -604,7 +625,8 @@ def ensemble(
         if options:
             raise TypeError(f"ensemble: {sorted(options)} are ds.simulate options; for a study give "
                             "solver=ds.inference.SolverOptions(...).")  # fmt: skip
-        return _study_ensemble(target, params, parameter_names, output_names, solver, chunk_size, resources, client)
+        return _study_ensemble(target, params, parameter_names, output_names, solver, draws_per_chunk, resources,
+                               client)  # fmt: skip
     raise TypeError(f"ensemble: target must be a built ds.Problem (spec.build()) or a ds.Study, not {type(target).__name__}.")
 
 
@@ -641,8 +663,8 @@ def _named_columns(params: Any, names: Sequence[str] | None, known: Sequence[str
     return _as_dask(params, "params", chunk_rows, len(names)), names
 
 
-def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, chunk_size, resources,
-                      client, options) -> Ensemble:  # fmt: skip
+def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, draws_per_chunk,
+                      resources, client, options) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
     import jax
@@ -659,7 +681,7 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
     t_eval = np.atleast_1d(np.asarray(t_eval, dtype=np.float64))
     if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError(f"ensemble: t_eval has shape {t_eval.shape}; give a non-empty 1-D array of times.")
-    rows_c = _chunk_rows(chunk_size)
+    rows_c = _chunk_rows(draws_per_chunk)
     params_da, names = _named_columns(params, parameter_names, problem.parameter_names, rows_c, "the problem")
     n = problem.n_states
     y0_da, y0_fixed = None, None
@@ -733,7 +755,8 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
     return Ensemble(combined, params_da, layout, pinned)
 
 
-def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_size, resources, client) -> Ensemble:
+def _study_ensemble(study, params, parameter_names, output_names, solver, draws_per_chunk, resources,
+                    client) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
 
@@ -746,7 +769,7 @@ def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_
     if not isinstance(solver, SolverOptions):
         raise TypeError("ensemble: solver= must be a ds.inference.SolverOptions.")
     E = len(study.experiments)
-    rows_c = _chunk_rows(chunk_size, per_row=E)
+    rows_c = _chunk_rows(draws_per_chunk, per_row=E)
     known = tuple(study.entry_names) + tuple(n for n in study.table if n not in study.entry_index)
     default_names = None if parameter_names is not None or isinstance(params, Mapping) else ParameterBox.of(study).names
     params_da, names = _named_columns(params, parameter_names if default_names is None else default_names, known,

@@ -121,7 +121,7 @@ class PetabProblem:
 
         Args:
             solver: a ``ds.inference.SolverOptions`` (default :attr:`solver`).
-            lower_options: passed to ``ds.lower`` (``layout=``, ``chunk_size=``, ``gradient=``, ...).
+            lower_options: passed to ``ds.lower`` (``layout=``, ``experiments_per_chunk=``, ``gradient=``, ...).
         """
         from ..inference import lower as lower_study
 

@@ -125,7 +125,7 @@ import numpy as np
 from .._precision import Precision
 from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
 from ..inference import lower as lower_study
-from ..inference.fitting._fides import DEFAULT_HESSIAN, HESSIANS
+from ..inference.fitting._hessians import DEFAULT_HESSIAN, FIDES_HESSIANS
 from ..inference.fitting._fit import DEFAULT_METHOD, METHODS
 from ..inference.study._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
@@ -588,7 +588,7 @@ def _fit(r: TomlReader, table: dict) -> dict:
                                           f"or set method = \"fides\"")  # fmt: skip
     return {
         "method": method,
-        "hessian": r.string(table.get("hessian", DEFAULT_FIT["hessian"]), ("fit", "hessian"), HESSIANS),
+        "hessian": r.string(table.get("hessian", DEFAULT_FIT["hessian"]), ("fit", "hessian"), FIDES_HESSIANS),
         "starts": r.integer(table.get("starts", DEFAULT_FIT["starts"]), ("fit", "starts"), minimum=1),
         "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
         "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
