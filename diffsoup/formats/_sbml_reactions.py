@@ -63,7 +63,8 @@ def state_derivatives(el: SBMLElements, roles, assignment_rules: Mapping, rate_r
     species, sym = el.species, el.sym
     zero = sympy.Integer(0)
     free_syms = {sym[k] for k in roles.parameter_ids}
-    constants = free_syms | {sym[k] for k in roles.ia_constants} | {sym[k] for k in el.species_refs if k in initial_assignments}
+    species_refs = el.species_refs
+    constants = free_syms | {sym[k] for k in roles.ia_constants} | {sym[k] for k in species_refs if k in initial_assignments}
 
     def stoichiometry(nu, sid, rid):
         if nu.free_symbols - constants:
