@@ -14,8 +14,9 @@ import numpy as np
 
 from ._petab_arrays import INITIAL_SET, INITIAL_VALUE, Placements
 from ._petab_formulas import Column, compile_formulas
+from ._petab_errors import PetabError
 from ._petab_problem import PetabProblem
-from ._petab_tables import PetabError, PetabTables
+from ._petab_tables import PetabTables
 
 _IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 

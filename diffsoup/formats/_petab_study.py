@@ -56,10 +56,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._petab_builder import PetabStudyBuilder
+from ._petab_errors import PetabError
 from ._petab_problem import DEFAULT_ATOL as DEFAULT_ATOL
 from ._petab_problem import DEFAULT_RTOL as DEFAULT_RTOL
 from ._petab_problem import PetabProblem as PetabProblem
-from ._petab_tables import PetabError, read_tables
+from ._petab_tables import read_tables
 
 
 # ------------------------------------------------------------------------------------------------
