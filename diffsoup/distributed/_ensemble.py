@@ -40,6 +40,9 @@ import hashlib
 import inspect
 import json
 import time
+import typing
+import uuid
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
