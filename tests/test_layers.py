@@ -455,7 +455,6 @@ OVER_LINE_LIMIT: dict[str, int] = {
     "diffsoup/inference/study/_study.py": 740,
     "diffsoup/inference/objective/_problem.py": 676,
     "diffsoup/inference/fitting/_hierarchical.py": 615,
-    "diffsoup/distributed/_ensemble.py": 817,
     "diffsoup/distributed/_run.py": 668,
     "diffsoup/linear/_cudss/diffsoup_cudss.cu": 931,  # the cuDSS binding (C++/CUDA)
 }
