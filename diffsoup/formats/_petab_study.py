@@ -23,8 +23,9 @@ How PEtab's tables become experiments:
   (numbers or study-parameter names). A noise formula that is a bare placeholder, parameter or
   number is a per-measurement spread (an object array of numbers and parameter names); any other
   noise formula is a function ``sigma(t, h, p)`` of the time, the observables and the parameters.
-* **Noise models.** ``normal``/``laplace`` x ``lin``/``log``/``log10``: ``Gaussian``,
-  ``LogNormal(base=e or 10)``, ``Laplace``, ``LogLaplace``, one per column where they differ.
+* **Noise models.** ``noiseDistribution`` x ``lin``/``log``/``log10``: the registered noise model of
+  that distribution (``normal``: ``Gaussian``, ``LogNormal(base=e or 10)``; ``laplace``:
+  ``Laplace``, ``LogLaplace``; ``petab_noise_class``), one per column where they differ.
 * **Conditions.** A condition's column that is a model parameter or compartment overrides it (a
   number: ``conditions``; a parameter id: ``parameters``); a column that is a species (a state)
   sets its initial value (NaN keeps the model's). Model parameters in the parameter table map to
@@ -573,13 +574,12 @@ class _Builder:
 
     @staticmethod
     def noise_class(col):
-        from ..inference import Gaussian, Laplace, LogLaplace, LogNormal
+        """The registered noise model class and keywords of the column's ``noiseDistribution`` and
+        ``observableTransformation``."""
+        from ..inference.study._noise import petab_noise_class
 
         obs = col.observable
-        base = {"lin": None, "log": math.e, "log10": 10.0}[obs.transformation]
-        if obs.distribution == "normal":
-            return (Gaussian, {}) if base is None else (LogNormal, {"base": base})
-        return (Laplace, {}) if base is None else (LogLaplace, {"base": base})
+        return petab_noise_class(obs.distribution, obs.transformation)
 
     @staticmethod
     def noise(models, columns, cells, sigma):
@@ -587,8 +587,9 @@ class _Builder:
         arrays = {c.array_noise for c in columns}
         if len(kinds) == 1 and len(arrays) == 1:
             cls, kw = models[0]
-            return cls(cells if columns[0].array_noise else sigma, **kw)
-        return [cls(cells[:, j] if c.array_noise else sigma, **kw) for j, ((cls, kw), c) in enumerate(zip(models, columns))]
+            return cls(**{cls.spread_field: cells if columns[0].array_noise else sigma}, **kw)
+        return [cls(**{cls.spread_field: cells[:, j] if c.array_noise else sigma}, **kw)
+                for j, ((cls, kw), c) in enumerate(zip(models, columns))]  # fmt: skip
 
     def condition_values(self, cid: str):
         """``(conditions, parameters, initial)`` of a condition: model parameter -> number,

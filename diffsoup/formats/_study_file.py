@@ -123,7 +123,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .._precision import Precision
-from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
+from ..inference import Experiment, Multishoot, Parameter, SolverOptions, Study
+from ..inference.study._noise import noise_class, noise_names
 from ..inference import lower as lower_study
 from ..inference.fitting._fides import DEFAULT_HESSIAN, HESSIANS
 from ..inference.fitting._fit import DEFAULT_METHOD, METHODS
@@ -159,7 +160,7 @@ EXPERIMENT_KEYS_2 = EXPERIMENT_KEYS + ("observable_parameters", "preequilibratio
                                        "steady_state")  # fmt: skip
 NOISE_KEYS_2 = ("model", "sigma", "base", "observables")
 NOISE_COLUMN_KEYS_2 = ("model", "sigma", "base")
-NOISE_MODELS_2 = ("gaussian", "lognormal", "laplace", "loglaplace")
+# /2 files name any registered noise model (ds.inference.AbstractNoise subclasses with a name).
 PREEQUILIBRATION_KEYS = ("conditions", "y0")
 RESET_KEYS = ("time", "set", "add")
 STEADY_STATE_KEYS = ("rtol", "atol", "horizon")
@@ -618,10 +619,10 @@ def _noise(r: TomlReader, table: Any, field: tuple, version: int = 1):
         _newer_keys(r, table, NOISE_KEYS_2, NOISE_KEYS, field)
         r.keys(table, NOISE_KEYS, field)
         model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
-        sigma = table.get("sigma", 1.0 if model == "gaussian" else 0.1)
+        sigma = table.get("sigma", _default_spread(noise_class(model)))
         if not isinstance(sigma, str):
             sigma = r.number(sigma, field + ("sigma",), positive=True)
-        return (Gaussian if model == "gaussian" else LogNormal)(sigma)
+        return _noise_model({"model": model, "base": None}, sigma)
     r.keys(table, NOISE_KEYS_2, field)
     default = _noise_column(r, {k: v for k, v in table.items() if k != "observables"}, field)
     per = {}
@@ -635,14 +636,16 @@ def _noise(r: TomlReader, table: Any, field: tuple, version: int = 1):
 
 def _noise_column(r: TomlReader, table: Mapping, field: tuple) -> dict:
     """One column's noise of a /2 file: ``{"model", "sigma", "base"}`` checked."""
-    model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS_2)
-    sigma = table.get("sigma", 1.0 if model in ("gaussian", "laplace") else 0.1)
+    model = r.string(table.get("model", "gaussian"), field + ("model",), noise_names())
+    cls = noise_class(model)
+    sigma = table.get("sigma", _default_spread(cls))
     if not isinstance(sigma, str):
         sigma = r.number(sigma, field + ("sigma",), positive=True)
     base = None
     if "base" in table:
-        if model not in ("lognormal", "loglaplace"):
-            raise r.error(field + ("base",), f"only lognormal and loglaplace noise have a base (this is {model})")
+        if not cls.logarithmic:
+            logarithmic = [name for name in noise_names() if noise_class(name).logarithmic]
+            raise r.error(field + ("base",), f"only {' and '.join(logarithmic)} noise have a base (this is {model})")
         base = r.number(table["base"], field + ("base",), positive=True)
         if base == 1.0:
             raise r.error(field + ("base",), "the logarithm's base must not be 1 (use 2.718281828459045 or 10)")
@@ -661,12 +664,17 @@ class _NoiseSpec:
         return [self.per_observable.get(n, self.default) for n in names]
 
 
-_NOISE_CLASSES = {"gaussian": Gaussian, "lognormal": LogNormal, "laplace": Laplace, "loglaplace": LogLaplace}
+def _default_spread(cls: type):
+    """The default spread of a noise model class (its spread field's default)."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == cls.spread_field)
+    return field.default
 
 
 def _noise_model(column: dict, spread):
+    """The registered noise model ``column["model"]`` with ``spread`` (and ``base`` where given)."""
+    cls = noise_class(column["model"])
     kw = {} if column["base"] is None else {"base": column["base"]}
-    return _NOISE_CLASSES[column["model"]](spread, **kw)
+    return cls(**{cls.spread_field: spread}, **kw)
 
 
 def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
