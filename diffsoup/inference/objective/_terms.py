@@ -3,9 +3,10 @@
 A :class:`Group` is the static description of experiments that are vmapped together (what their
 compiled program depends on: observables, noise kinds per column, which numbers come from
 parameters, callables, counts); :class:`LaneTerms` holds the JAX code of one experiment's term,
-which reads only its static fields, the :class:`TermOperands` and the packed arrays of the
-experiment (``a``, one lane of :meth:`InferenceProblem.pack`). Numbers (fixed values, per-cell
-spreads, times) are in the arrays, so other numbers compile nothing.
+which reads only its static fields, the :class:`TermOperands` and the experiment's packed
+inputs (``a``, one lane of the :class:`~diffsoup.inference.objective._lane_inputs.LaneInputs` of
+:meth:`InferenceProblem.pack`, read by field). Numbers (fixed values, per-cell spreads, times) are
+in those arrays, so other numbers compile nothing.
 
 Per measured value with observable ``h``, datum ``d``, spread ``s`` (``sigma`` or ``scale``), its
 column's noise model (a law: :class:`~diffsoup.inference.AbstractNoise`, whose methods carry the
