@@ -179,3 +179,39 @@ def test_student_t_fit_matches_scipy_and_resists_outliers():
     truth = np.array([TRUE["k"], TRUE["a0"]])
     assert np.max(np.abs(fits["t"] / truth - 1)) < 0.02
     assert np.max(np.abs(fits["t"] / truth - 1)) < 0.5 * np.max(np.abs(fits["gauss"] / truth - 1)), fits
+
+
+STUDY_FILE = """\
+format = "diffsoup-study/2"
+
+[model]
+species = ["A", "B"]
+reactions = [["A -> B", "k"]]
+parameters = {k = 0.7}
+y0 = {A = 2.0}
+
+[noise]
+model = "student_t"
+sigma = 0.03
+[noise.observables]
+B = {model = "gaussian", sigma = 0.05}
+
+[[parameters]]
+name = "k"
+lower = 0.1
+upper = 5.0
+
+[[experiments]]
+id = "e"
+data = "e.csv"
+"""
+
+
+def test_a_study_file_names_a_registered_model(tmp_path):
+    (tmp_path / "study.toml").write_text(STUDY_FILE)
+    (tmp_path / "e.csv").write_text("time,A,B\n0.5,1.4,0.6\n1.0,1.0,1.0\n")
+    noise = ds.inference.load_study(tmp_path / "study.toml").study.experiments[0].noise
+    assert [type(n) for n in noise] == [StudentT, Gaussian] and noise[0].sigma == 0.03 and noise[0].nu == 4.0
+    (tmp_path / "study.toml").write_text(STUDY_FILE.replace('sigma = 0.03', 'sigma = 0.03\nbase = 10'))
+    with pytest.raises(ds.inference.StudyFileError, match="only lognormal and loglaplace noise have a base"):
+        ds.inference.load_study(tmp_path / "study.toml")
