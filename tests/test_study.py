@@ -212,7 +212,7 @@ def test_gradient_forward_adjoint_and_finite_differences_agree(one_chunk):
 
 
 def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta(one_chunk, monkeypatch):
-    from diffsoup.inference import _lower
+    from diffsoup.inference.objective import _lower
 
     study = tiny_study()
     adjoint = ds.lower(study, gradient="adjoint")
