@@ -364,13 +364,12 @@ class PetabStudyBuilder:
 
     @staticmethod
     def noise_class(col):
-        from ..inference import Gaussian, Laplace, LogLaplace, LogNormal
+        """The registered noise model class and keywords of the column's ``noiseDistribution`` and
+        ``observableTransformation``."""
+        from ..inference.study._noise import petab_noise_class
 
         obs = col.observable
-        base = {"lin": None, "log": math.e, "log10": 10.0}[obs.transformation]
-        if obs.distribution == "normal":
-            return (Gaussian, {}) if base is None else (LogNormal, {"base": base})
-        return (Laplace, {}) if base is None else (LogLaplace, {"base": base})
+        return petab_noise_class(obs.distribution, obs.transformation)
 
     @staticmethod
     def noise(models, columns, cells, sigma):
@@ -378,8 +377,9 @@ class PetabStudyBuilder:
         arrays = {c.array_noise for c in columns}
         if len(kinds) == 1 and len(arrays) == 1:
             cls, kw = models[0]
-            return cls(cells if columns[0].array_noise else sigma, **kw)
-        return [cls(cells[:, j] if c.array_noise else sigma, **kw) for j, ((cls, kw), c) in enumerate(zip(models, columns))]
+            return cls(**{cls.spread_field: cells if columns[0].array_noise else sigma}, **kw)
+        return [cls(**{cls.spread_field: cells[:, j] if c.array_noise else sigma}, **kw)
+                for j, ((cls, kw), c) in enumerate(zip(models, columns))]  # fmt: skip
 
     def condition_values(self, cid: str):
         """``(conditions, parameters, initial)`` of a condition: model parameter -> number,

@@ -23,8 +23,9 @@ How PEtab's tables become experiments:
   (numbers or study-parameter names). A noise formula that is a bare placeholder, parameter or
   number is a per-measurement spread (an object array of numbers and parameter names); any other
   noise formula is a function ``sigma(t, h, p)`` of the time, the observables and the parameters.
-* **Noise models.** ``normal``/``laplace`` x ``lin``/``log``/``log10``: ``Gaussian``,
-  ``LogNormal(base=e or 10)``, ``Laplace``, ``LogLaplace``, one per column where they differ.
+* **Noise models.** ``noiseDistribution`` x ``lin``/``log``/``log10``: the registered noise model of
+  that distribution (``normal``: ``Gaussian``, ``LogNormal(base=e or 10)``; ``laplace``:
+  ``Laplace``, ``LogLaplace``; ``petab_noise_class``), one per column where they differ.
 * **Conditions.** A condition's column that is a model parameter or compartment overrides it (a
   number: ``conditions``; a parameter id: ``parameters``); a column that is a species (a state)
   sets its initial value (NaN keeps the model's). Model parameters in the parameter table map to

@@ -75,8 +75,8 @@ using one of these is told to say ``format = "diffsoup-study/2"``)::
                                          # use (numbers or study parameters); experiments may
                                          # override them; expressions may also use `time`
 
-    [noise]                              # models gaussian, lognormal, laplace, loglaplace;
-    model = "gaussian"                   # sigma is the Laplace scale for the Laplace models
+    [noise]                              # models gaussian, lognormal, laplace, loglaplace, or the
+    model = "gaussian"                   # name of an AbstractNoise subclass; sigma is the spread
     sigma = 0.05
     [noise.observables]                  # per observable column, over the keys above
     A = {model = "lognormal", sigma = "sd_A", base = 10}   # base: lognormal/loglaplace (default e)

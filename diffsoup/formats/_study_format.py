@@ -36,7 +36,7 @@ EXPERIMENT_KEYS_2 = EXPERIMENT_KEYS + ("observable_parameters", "preequilibratio
                                        "steady_state")  # fmt: skip
 NOISE_KEYS_2 = ("model", "sigma", "base", "observables")
 NOISE_COLUMN_KEYS_2 = ("model", "sigma", "base")
-NOISE_MODELS_2 = ("gaussian", "lognormal", "laplace", "loglaplace")
+# /2 files name any registered noise model (ds.inference.AbstractNoise subclasses with a name).
 PREEQUILIBRATION_KEYS = ("conditions", "y0")
 RESET_KEYS = ("time", "set", "add")
 STEADY_STATE_KEYS = ("rtol", "atol", "horizon")
