@@ -10,6 +10,9 @@ execution code (Dask), and
 
 from ._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from ._balance import balance_owners as balance_owners
+from ._batched_fit import Optimum as Optimum
+from ._batched_trust_region import BatchedTrustRegion as BatchedTrustRegion
+from ._batched_trust_region import LaneStatus as LaneStatus
 from ._experiment import Experiment as Experiment
 from ._fides import Fides as Fides
 from ._noise import AbstractNoise as AbstractNoise

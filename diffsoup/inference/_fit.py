@@ -8,7 +8,11 @@ Methods (``fit(method=...)``: a name, or an optimizer object with its options):
 - ``"trf"`` (:class:`~diffsoup.inference.TRF`): ``scipy.optimize.least_squares`` (trust region
   reflective) on the residuals and their Jacobian;
 - ``"lbfgsb"`` (:class:`~diffsoup.inference.LBFGSB`): ``scipy.optimize.minimize(method="L-BFGS-B")``
-  on the value and its exact gradient.
+  on the value and its exact gradient;
+- ``"batched"`` (:class:`~diffsoup.inference.BatchedTrustRegion`): many starts advanced together as
+  the lanes of one program per iteration (trust region reflective least squares), the best distinct
+  end points then finished by fides (:mod:`diffsoup.inference._batched_fit`); its starts are the
+  scrambled Sobol' sequence (a stream: start ``i`` does not depend on their number).
 
 Starts are Latin hypercube samples within the bounds in the parameters' scaled coordinates
 (:mod:`diffsoup.inference._starts`). A failed solve during a fit (an experiment whose
@@ -29,16 +33,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._abstract_lowered import AbstractLoweredStudy
+from ._batched_trust_region import BatchedTrustRegion
 from ._fides import Fides
 from ._hierarchical import AnalyticParameters
 from ._lower import lower
 from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
 from ._problem import InferenceProblem
 from ._starts import latin_hypercube as latin_hypercube
-from ._starts import replacement_point, start_points
+from ._starts import replacement_point, sobol_points, start_points
 from ._study import Study
 
-METHODS = ("fides", "trf", "lbfgsb")
+METHODS = ("fides", "trf", "lbfgsb", "batched")
 DEFAULT_METHOD = "fides"
 # Starts within this of the best objective reached the same optimum (PEtab benchmarks' 1e-3 criterion).
 CONVERGED = 1e-3
@@ -94,6 +99,9 @@ class FitResult:
             (linear scale; empty for single shooting).
         analytic: the names of the parameters optimized analytically at each evaluation
             (``fit(hierarchical=...)``; by default the noise levels that qualify), empty if none.
+            (``"batched"``: in the polish only.)
+        optima: ``"batched"``: the distinct end points (``Optimum``: objective, theta, the starts
+            that ended there, whether polished), best first; empty for the other methods.
     """
 
     parameters: dict
@@ -109,6 +117,7 @@ class FitResult:
     theta_names: tuple
     window_starts: dict = dataclasses.field(default_factory=dict)
     analytic: tuple = ()
+    optima: tuple = ()
 
     @property
     def message(self) -> str:
@@ -189,11 +198,12 @@ def optimizer_of(method: str | AbstractOptimizer = DEFAULT_METHOD, *, max_nfev: 
     if method not in METHODS:
         raise ValueError(f"fit: method={method!r} must be one of {METHODS} (or an optimizer object).")
     names = {"fides": {"ftol": "frtol", "gtol": "gatol", "xtol": "xtol"}, "trf": {"ftol": "ftol", "xtol": "xtol", "gtol": "gtol"},
-             "lbfgsb": {"ftol": "ftol", "gtol": "gtol"}}[method]  # fmt: skip
+             "lbfgsb": {"ftol": "ftol", "gtol": "gtol"},
+             "batched": {"ftol": "ftol", "xtol": "xtol", "gtol": "gtol"}}[method]  # fmt: skip
     options = {names[k]: float(v) for k, v in given.items() if k in names}
     if max_nfev is not None:
         options["max_evaluations"] = int(max_nfev)
-    return {"fides": Fides, "trf": TRF, "lbfgsb": LBFGSB}[method](**options)
+    return {"fides": Fides, "trf": TRF, "lbfgsb": LBFGSB, "batched": BatchedTrustRegion}[method](**options)
 
 
 def fit(
@@ -218,9 +228,11 @@ def fit(
         target: a lowered study (``ds.lower``'s, or the one ``ds.distributed.run`` yields: any
             ``AbstractLoweredStudy``), or an inference problem / study (lowered with defaults).
         method: ``"fides"`` (default: fides with the Gauss-Newton Hessian), ``"trf"`` (scipy's
-            least squares on residuals and forward-sensitivity Jacobians) or ``"lbfgsb"`` (value
-            and gradient); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``.
-        starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
+            least squares on residuals and forward-sensitivity Jacobians), ``"lbfgsb"`` (value
+            and gradient) or ``"batched"`` (the starts as lanes of one program, then fides on the
+            best distinct ends); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``
+            or ``ds.inference.BatchedTrustRegion(lanes=32)``.
+        starts: number of Latin hypercube starts within the bounds (``"batched"``: scrambled Sobol' points), or an array ``(s, n_theta)``
             of start points (scaled). Window starts of multiple-shooting experiments (and any
             other coordinate without finite bounds) are not sampled: every start takes their
             prepared values (``low.nominal``); an array ``(s, n_parameters)`` is completed with them.
@@ -259,6 +271,7 @@ def fit(
                       "back from.", DeprecationWarning, stacklevel=2)  # fmt: skip
     if isinstance(resample_failed_starts, bool) or int(resample_failed_starts) < 0:
         raise ValueError(f"fit: resample_failed_starts={resample_failed_starts!r} must be a non-negative integer.")
+    batched = isinstance(optimizer, BatchedTrustRegion)
     low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
     analytic = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     prob = low.problem
@@ -274,7 +287,7 @@ def fit(
     if drawn:
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
-        points = start_points(low, int(starts), seed)
+        points = (sobol_points if batched else start_points)(low, int(starts), seed)
     else:
         points = np.atleast_2d(np.asarray(starts, dtype=np.float64))
         if points.shape[1:] == (n_par,) and n_par < k:
@@ -292,6 +305,11 @@ def fit(
         replaceable = [False] + replaceable
     if np.any(points < lo) or np.any(points > hi):
         raise ValueError("fit: a start point lies outside the bounds [lower, upper] (scaled coordinates).")
+    if batched:
+        from ._batched_fit import batched_fit
+
+        return batched_fit(low, optimizer, points, replaceable, seed=seed, first_drawn=int(x0 is not None),
+                           attempts=int(resample_failed_starts), progress=progress, analytic=analytic)  # fmt: skip
     t_all = time.perf_counter()
     bar = _Progress(len(points), optimizer.name, progress)
     try:

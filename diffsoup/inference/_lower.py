@@ -824,6 +824,38 @@ class LoweredStudy(AbstractLoweredStudy):
         H, st, ns = jax.device_get((H, statuses, steps))
         return HessianPart(hessian=np.asarray(H), **self._bookkeeping(all_orders, st, ns))
 
+    def residuals_and_jacobians(self, thetas) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """Residuals and Jacobians at ``s`` points at once (``AbstractLoweredStudy``'s contract):
+        each chunk's Jacobian program vmapped over the points (the points are lanes, as the
+        experiments are), compiled once per number of points, one transfer for all of them."""
+        import jax
+
+        thetas = np.atleast_2d(np.asarray(thetas, dtype=np.float64))
+        if thetas.ndim != 2 or thetas.shape[1] != self.problem.n_theta:
+            raise ValueError(f"residuals_and_jacobians: thetas has shape {thetas.shape}; expected (s, {self.problem.n_theta}).")
+        if self.mesh is not None:
+            raise ValueError("residuals_and_jacobians: points as lanes need a lowered study on one device; lower it "
+                             "without a data mesh (layout=None) for method='batched'.")  # fmt: skip
+        outs, orders = [], []
+        for gi in range(len(self.groups)):
+            prog = self._program("jacobian", gi)
+            key = ("points", ProgramKey("jacobian", self.problem.terms(self.groups[gi]), prog.lanes, prog.lane_mode,
+                                        None, _platform_signature()))  # fmt: skip
+            if key not in self._compiled:  # jit compiles it once per number of points
+                self._compiled[key] = jax.jit(jax.vmap(chunk_function(key[1]), in_axes=(0, None, None)))
+            for order, data in self._chunk_data(gi, prog.lanes):
+                outs.append(self._compiled[key](thetas, data, self._operands()))
+                orders.append(order)
+        r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
+        residuals, jacobians, failures = [], [], []
+        for p in range(thetas.shape[0]):
+            residuals.append(self._stacked(self._rows(orders, [x[p] for x in r])))
+            jacobians.append(self._stacked(self._rows(orders, [x[p] for x in J])))
+            failures.append(self._bookkeeping(orders, [x[p] for x in st], [x[p] for x in ns])["failures"])
+            if failures[-1]:
+                residuals[-1] = np.full_like(residuals[-1], np.nan)
+        return np.stack(residuals), np.stack(jacobians), tuple(failures)
+
     def __repr__(self) -> str:
         n, total = len(self.experiment_indices), len(self.problem.study.experiments)
         which = f"{n} experiments" if n == total else f"{n} of {total} experiments"
