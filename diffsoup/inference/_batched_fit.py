@@ -18,7 +18,10 @@ distinct end points finished by fides.
    ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
    path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
    result becomes the polished one (its evaluations, iterations and time added, its message
-   extended); the other starts keep their batched end state.
+   extended); the other starts keep their batched end state, and the final end states are
+   clustered again into ``optima``. A start counts as having reached an optimum by its own end
+   state only: an unpolished start that stopped in the basin of the best optimum (the batched
+   phase stops early on stalls, ``stall_rtol``) but more than 1e-3 above it is not counted there.
 
 The result is a :class:`~diffsoup.inference.FitResult` whose ``starts`` hold every start's end
 state, and whose ``optima`` list the distinct optima (:class:`Optimum`: objective, point, the starts
@@ -137,24 +140,24 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
                           e.status.converged, e.message + (f" ({e.failed} trial points failed to solve)" if e.failed else ""),
                           e.evaluations, e.accepted, e.seconds, (), e.resampled)
               for e in run.results]  # fmt: skip
-    groups = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), low.lower, low.upper)
+    ends = np.stack([s.x for s in starts])
+    groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
     polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
-    optima = []
-    for rank, group in enumerate(groups):
+    polished = set()
+    for group in groups[: optimizer.polish]:
         head = starts[group[0]]
-        polished = rank < optimizer.polish
-        if polished:
-            end = run_start(low, polisher, head.x, analytic=analytic)
-            better = np.isfinite(end.objective) and end.objective <= head.objective
-            starts[group[0]] = dataclasses.replace(
-                head, x=end.x if better else head.x, objective=end.objective if better else head.objective,
-                success=end.success if better else head.success,
-                message=f"{head.message}; polished by {polisher.name}: {end.message}",
-                n_evaluations=head.n_evaluations + end.n_evaluations, n_iterations=head.n_iterations + end.n_iterations,
-                seconds=head.seconds + end.seconds, failures=end.failures)  # fmt: skip
-            head = starts[group[0]]
-        optima.append(Optimum(float(head.objective), np.asarray(head.x), tuple(group), polished))
-    optima.sort(key=lambda o: o.objective)
+        end = run_start(low, polisher, head.x, analytic=analytic)
+        better = bool(np.isfinite(end.objective) and end.objective <= head.objective)
+        starts[group[0]] = dataclasses.replace(
+            head, x=end.x if better else head.x, objective=end.objective if better else head.objective,
+            success=end.success if better else head.success,
+            message=f"{head.message}; polished by {polisher.name}: {end.message}",
+            n_evaluations=head.n_evaluations + end.n_evaluations, n_iterations=head.n_iterations + end.n_iterations,
+            seconds=head.seconds + end.seconds, failures=end.failures)  # fmt: skip
+        polished.add(group[0])
+    # The distinct optima of the final end states (polished ends may have met).
+    final = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), low.lower, low.upper)
+    optima = [Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in polished) for g in final]
     result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=time.perf_counter() - began,
                                    analytic=analytic.names if analytic is not None and optimizer.polish else ())  # fmt: skip
     return dataclasses.replace(result, optima=tuple(optima))

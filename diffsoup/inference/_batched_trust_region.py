@@ -50,6 +50,9 @@ class BatchedTrustRegion(AbstractOptimizer):
         max_evaluations: most evaluations per start (its start point's included); None: scipy's
             ``100 n_theta``.
         ftol, xtol, gtol: scipy's tolerances (on ``0.5 ||r||^2``, the step, the scaled gradient).
+        stall_rtol, stall_window: a start ends as ``STALLED`` when its cost fell by at most
+            ``stall_rtol`` times the cost over the last ``stall_window`` evaluations (0: never;
+            see :mod:`diffsoup.inference._trust_region_reflective`).
         initial_radius: the first trust-region radius in the scaled variables; None: scipy's rule
             (``||x0 / v^1/2||``, the start's size in the Coleman-Li scaling).
         max_failed_in_a_row: a start ends as ``FAILED_SOLVES`` after this many trial points in a
@@ -70,19 +73,21 @@ class BatchedTrustRegion(AbstractOptimizer):
     ftol: float = 1e-8
     xtol: float = 1e-8
     gtol: float = 1e-8
+    stall_rtol: float = 1e-6
+    stall_window: int = 10
     initial_radius: float | None = None
     max_failed_in_a_row: int = 20
     polish: int = 3
     polish_method: Any = None
 
     def __post_init__(self):
-        for field in ("lanes", "max_failed_in_a_row") + (("max_evaluations",) if self.max_evaluations is not None else ()):
+        for field in ("lanes", "max_failed_in_a_row", "stall_window") + (("max_evaluations",) if self.max_evaluations is not None else ()):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"BatchedTrustRegion: {field}={value!r} must be a positive integer.")
         if isinstance(self.polish, bool) or not isinstance(self.polish, (int, np.integer)) or self.polish < 0:
             raise ValueError(f"BatchedTrustRegion: polish={self.polish!r} must be a non-negative integer (0: no polish).")
-        for field in ("ftol", "xtol", "gtol"):
+        for field in ("ftol", "xtol", "gtol", "stall_rtol"):
             if not float(getattr(self, field)) >= 0:
                 raise ValueError(f"BatchedTrustRegion: {field}={getattr(self, field)!r} must be non-negative.")
         if self.initial_radius is not None and not float(self.initial_radius) > 0:
@@ -98,7 +103,7 @@ class BatchedTrustRegion(AbstractOptimizer):
     def options(self, k: int) -> tuple:
         """The numbers :func:`lane_step` is compiled with."""
         return (float(self.ftol), float(self.xtol), float(self.gtol), self.budget(k), int(self.max_failed_in_a_row),
-                float(self.initial_radius or 0.0))  # fmt: skip
+                float(self.initial_radius or 0.0), float(self.stall_rtol), int(self.stall_window))  # fmt: skip
 
     def minimize(self, objective: StartObjective, x0: np.ndarray, f0: float) -> Outcome:
         """One start alone in one lane (``fit``'s per-start path; ``run_start``)."""
@@ -157,6 +162,7 @@ MESSAGES = {
     LaneStatus.MAX_EVALUATIONS: "batched: the evaluation budget is spent",
     LaneStatus.FAILED_START: "a solve failed at the start point",
     LaneStatus.FAILED_SOLVES: "batched: trial points failed to solve too many times in a row",
+    LaneStatus.STALLED: "batched: the cost fell by less than stall_rtol over stall_window evaluations",
 }
 
 
@@ -208,7 +214,7 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
     def load(lane: int, point: np.ndarray, fresh: bool) -> None:
         for name, value in (("x", point), ("trial", point), ("cost", 0.0), ("g", 0.0), ("H", 0.0), ("radius", 1.0),
                             ("alpha", 0.0), ("predicted", 0.0), ("step_norm", 0.0), ("step_h_norm", 0.0),
-                            ("failed_in_a_row", 0)):  # fmt: skip
+                            ("failed_in_a_row", 0), ("window_cost", 0.0), ("window_start", 0)):  # fmt: skip
             getattr(state, name)[lane] = value
         state.status[lane] = int(LaneStatus.STARTING)
         if fresh:
