@@ -213,3 +213,16 @@ def test_fit_batched_with_polish_reaches_what_fides_finds(decay):
     assert batched.objective == pytest.approx(fides.objective, abs=1e-8)
     np.testing.assert_allclose(batched.theta, fides.theta, atol=1e-5)
     assert "polished by fides" in batched.starts[batched.best].message
+
+
+def test_one_start_through_fits_per_start_path_equals_its_lane(decay):
+    """``BatchedTrustRegion.minimize`` (``run_start``: profiles, campaigns) runs one start in one
+    lane on the study's own evaluation; it ends where the batched fit's lane does."""
+    from diffsoup.inference._fit import run_start
+
+    point = sobol_points(decay, 1, 0)[0]
+    options = BatchedTrustRegion(lanes=1, polish=0, **TIGHT)
+    alone = run_start(decay, options, point)
+    lane = ds.inference.fit(decay, method=options, starts=point[None]).starts[0]
+    np.testing.assert_allclose(alone.x, lane.x, rtol=0, atol=1e-8)
+    assert alone.success and alone.objective == pytest.approx(lane.objective, abs=1e-10)

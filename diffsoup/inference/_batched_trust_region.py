@@ -116,7 +116,7 @@ class BatchedTrustRegion(AbstractOptimizer):
                         objective.lower, objective.upper)  # fmt: skip
         end = run.results[0]
         value = 2.0 * objective.scale * end.cost + objective.offset
-        return Outcome(end.x, float(value), end.status.converged, end.message, end.evaluations - 1)
+        return Outcome(end.x, float(value), end.status.converged, end.message, end.accepted)
 
 
 class LaneResult(NamedTuple):
