@@ -25,7 +25,7 @@ def evaluator(residuals):
     """``points -> (r, J, solved)`` of a JAX residual function, all points in one jitted program."""
     program = jax.jit(jax.vmap(lambda x: (residuals(x), jax.jacfwd(residuals)(x))))
 
-    def evaluate(points):
+    def evaluate(points, active):
         r, J = program(jnp.asarray(points))
         return np.asarray(r), np.asarray(J), np.ones(len(points), dtype=bool)
 
@@ -189,6 +189,11 @@ def test_study_evaluates_points_as_lanes_as_it_does_one_by_one(decay):
         r1, J1 = decay.residuals_and_jacobian(theta)
         np.testing.assert_allclose(r[i], r1, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(J[i], J1, rtol=1e-10, atol=1e-10)
+    # A point marked inactive is skipped (NaN residuals); the others are the same numbers.
+    r2, J2, _ = decay.residuals_and_jacobians(thetas, active=[True, False, True])
+    assert np.all(np.isnan(r2[1]))
+    np.testing.assert_array_equal(r2[[0, 2]], r[[0, 2]])
+    np.testing.assert_array_equal(J2[[0, 2]], J[[0, 2]])
 
 
 def test_ode_fit_lanes_equal_one_lane_runs_and_reach_the_optimum(decay):

@@ -114,8 +114,8 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
     began = time.perf_counter()
     scale, offset = float(low.scale), float(low.offset)
 
-    def evaluate(thetas):
-        r, J, failures = low.residuals_and_jacobians(thetas)
+    def evaluate(thetas, active):
+        r, J, failures = low.residuals_and_jacobians(thetas, active)
         return r, J, np.array([not f for f in failures])
 
     bar = None

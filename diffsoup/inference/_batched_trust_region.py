@@ -108,7 +108,7 @@ class BatchedTrustRegion(AbstractOptimizer):
     def minimize(self, objective: StartObjective, x0: np.ndarray, f0: float) -> Outcome:
         """One start alone in one lane (``fit``'s per-start path; ``run_start``)."""
 
-        def evaluate(points):
+        def evaluate(points, active):
             r, J = objective.residuals_and_jacobian(points[0])
             return r[None], J[None], np.array([bool(np.all(np.isfinite(r)))])
 
@@ -184,8 +184,10 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
 
     Args:
         optimizer: the options.
-        evaluate: ``points (L, k) -> (residuals (L, m), Jacobians (L, m, k), solved (L,) bool)``
-            at every lane's point at once (``solved`` False where a solve failed).
+        evaluate: ``(points (L, k), active (L,) bool) -> (residuals (L, m), Jacobians (L, m, k),
+            solved (L,) bool)`` at every lane's point at once (``solved`` False where a solve
+            failed); the points of lanes that ``active`` marks False (holding no start) are not
+            read and may be skipped.
         starts: ``(N, k)`` start points within ``[lower, upper]``.
         lower, upper: ``(k,)`` bounds (infinite allowed).
         replace: ``(start, attempt) -> point``: a replacement for a start point that fails to
@@ -237,7 +239,7 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
         trial = state.trial.copy()
         if park is not None:
             trial[~busy] = park
-        r, J, solved = evaluate(trial)
+        r, J, solved = evaluate(trial, busy)
         new = step(state, np.asarray(r, np.float64), np.asarray(J, np.float64), np.asarray(solved, bool), lower, upper)
         state = LaneState(*(np.array(a) for a in jax.device_get(new)))
         for lane in np.flatnonzero(busy):
