@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 # diffsoup.inference._fit.METHODS, not imported here so that --help does not import JAX.
-FIT_METHODS = ("fides", "trf", "lbfgsb")
+FIT_METHODS = ("fides", "trf", "lbfgsb", "batched")
 HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")  # ds.inference.Fides(hessian=...)
 
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
