@@ -81,7 +81,8 @@ class BatchedTrustRegion(AbstractOptimizer):
     polish_method: Any = None
 
     def __post_init__(self):
-        for field in ("lanes", "max_failed_in_a_row", "stall_window") + (("max_evaluations",) if self.max_evaluations is not None else ()):
+        counts = ("lanes", "max_failed_in_a_row", "stall_window")
+        for field in counts + (("max_evaluations",) if self.max_evaluations is not None else ()):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"BatchedTrustRegion: {field}={value!r} must be a positive integer.")
