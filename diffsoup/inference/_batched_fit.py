@@ -14,7 +14,9 @@ distinct end points finished by fides.
    one optimum when their objectives differ by at most ``CONVERGED`` (1e-3, the PEtab benchmarks'
    criterion) and their coordinates by at most ``SAME_POINT`` of each bounded coordinate's range
    (``SAME_POINT`` in theta's units where a bound is infinite).
-3. **Polish.** The best end point of each of the ``polish`` best optima is finished by
+3. **Polish.** The best end point of each of the ``polish`` best optima of distinct objectives (an
+   optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped:
+   on Bruno three of 354.8693 were polished before) is finished by
    ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
    path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
    result becomes the polished one (its evaluations, iterations and time added, its message
@@ -143,9 +145,14 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
     ends = np.stack([s.x for s in starts])
     groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
     polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
-    polished = set()
-    for group in groups[: optimizer.polish]:
+    polished, levels = set(), []
+    for group in groups:
         head = starts[group[0]]
+        if len(polished) == optimizer.polish:
+            break
+        if any(abs(head.objective - level) <= CONVERGED for level in levels):
+            continue  # the same objective at another point (a flat valley): polished once
+        levels.append(head.objective)
         end = run_start(low, polisher, head.x, analytic=analytic)
         better = bool(np.isfinite(end.objective) and end.objective <= head.objective)
         starts[group[0]] = dataclasses.replace(
