@@ -11,6 +11,9 @@ exactly these points (no start is replaced), at the same solver tolerances (rtol
   where its model still predicts a decrease: ``Fides.continue_above``), trf and lbfgsb. Before
   the timed fit, one start of two evaluations compiles the programs the method uses, and
   ``lowered.compile`` their variants with the lanes one after the other ("compile", reported apart).
+  ``--methods ... batched`` adds ``fit(method="batched")`` from the same points (the starts as lanes
+  of one program, the best distinct ends polished by fides; its compile step runs its program of
+  as many lanes as the fit, and fides').
 * pyPESTO + fides + AMICI, in a subprocess of the interpreter that has them (``--amici-python``;
   default ``/work/amici-venv/bin/python`` when it exists): ``PetabImporter.create_problem()``
   (AMICI builds and compiles the model: "build", reported apart), then one
@@ -37,7 +40,7 @@ on every problem; its time per converged start is at most a third of pyPESTO + A
 objective is at most the reference + 1e-3 (meaningful with the full 20 starts).
 
     python benchmarks/bench_fits.py [--quick] [--starts 20] [--models Boehm Bruno ...]
-                                    [--methods fides trf lbfgsb] [--amici-python PATH] [--no-amici]
+                                    [--methods fides trf lbfgsb batched] [--amici-python PATH] [--no-amici]
                                     [--fides-hessians gauss_newton hybrid ...] [--hierarchical [all|noise|none]]
                                     [--reuse-pypesto EARLIER.json] [--reuse-diffsoup EARLIER.json]
 
@@ -84,11 +87,12 @@ DATA = SHARED if SHARED.is_dir() else HERE.parent / "tests" / "data" / "petab"
 MODELS = ["Boehm_JProteomeRes2014", "Bruno_JExpBot2016", "Fujita_SciSignal2010", "Brannmark_JBC2010", "Weber_BMC2015"]
 QUICK_MODELS = ["Boehm", "Bruno"]
 QUICK_STARTS, FULL_STARTS = 8, 20
-METHODS = ("fides", "trf", "lbfgsb")
+METHODS = ("fides", "trf", "lbfgsb", "batched")
+DEFAULT_METHODS = ("fides", "trf", "lbfgsb")  # batched only when asked for (--methods fides batched)
 DEFAULT_METHOD = "fides"
 DEFAULT_HESSIAN = "gauss_newton"  # fides' Hessian in diffsoup's default method (fitting._hessians.DEFAULT_HESSIAN)
 RTOL = ATOL = 1e-8
-CONVERGED = 1e-3  # the PEtab benchmarks' criterion (diffsoup.inference.fitting._fit.CONVERGED)
+CONVERGED = 1e-3  # the PEtab benchmarks' criterion (diffsoup.inference.fitting._results.CONVERGED)
 JUDGE_TOL = 1e-10  # the tolerances of the one evaluator that judges every tool's end points
 TIME_TARGET = 1.0 / 3.0  # time per converged start, diffsoup / pyPESTO + AMICI
 AMICI_VENV_PYTHON = Path("/work/amici-venv/bin/python")
@@ -161,7 +165,14 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
             continue
         # Compile what the method evaluates (one start, two evaluations), timed apart.
         t, c = time.perf_counter(), time.process_time()
-        ds.inference.fit(lowered, method=method, starts=points[:1], max_nfev=2, hierarchical=analytic)
+        if method == "batched":  # its program of as many lanes as the fit runs, and the polish's (fides)
+            lanes = ds.inference.BatchedTrustRegion().lanes
+            ds.inference.fit(lowered, method=ds.inference.BatchedTrustRegion(max_evaluations=2, polish=0),
+                             starts=points[:lanes], hierarchical=analytic)  # fmt: skip
+            method_warmup = "fides"
+        else:
+            method_warmup = method
+        ds.inference.fit(lowered, method=method_warmup, starts=points[:1], max_nfev=2, hierarchical=analytic)
         # ... and, on a CPU, those modes' programs with the lanes one after the other, which "auto"
         # would otherwise compile inside the timed fit at the first evaluation that takes them.
         lowered.compile(list(lowered.chunk_sizes))
@@ -176,6 +187,7 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
                         "n_iterations": s.n_iterations, "seconds": s.seconds, "success": bool(s.success),
                         "message": s.message, "failed_solves": sum(f[2] for f in s.failures)}
                        for s in result.starts],
+            "optima": [{"objective": o.objective, "count": o.count, "polished": o.polished} for o in result.optima],
         }  # fmt: skip
         objectives = [s.objective for s in result.starts]
         print(f"[bench_fits]   diffsoup {label}: best {min(objectives):.6f}, {wall:.1f} s ({cpu:.1f} s CPU), "
@@ -363,7 +375,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STARTS} starts on {', '.join(QUICK_MODELS)}")
     parser.add_argument("--starts", type=int, help=f"starts per problem (default {FULL_STARTS}; --quick {QUICK_STARTS})")
     parser.add_argument("--models", nargs="*", help="short names (default: all five; --quick: " + " ".join(QUICK_MODELS) + ")")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="*", default=list(DEFAULT_METHODS), choices=METHODS)
     parser.add_argument("--fides-hessians", nargs="+", default=[DEFAULT_HESSIAN], choices=FIDES_HESSIANS,
                         help="fides' rows, one per Hessian (default: gauss_newton, diffsoup's default, whose row the "
                         "targets judge; the others are labelled 'fides H')")  # fmt: skip

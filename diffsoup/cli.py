@@ -24,7 +24,7 @@ from pathlib import Path
 from .inference.fitting._hessians import FIDES_HESSIANS
 
 # diffsoup.inference.fitting._fit.METHODS, not imported here so that --help does not import JAX.
-FIT_METHODS = ("fides", "trf", "lbfgsb")
+FIT_METHODS = ("fides", "trf", "lbfgsb", "batched")
 
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
               "problem's YAML file")

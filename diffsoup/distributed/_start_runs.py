@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult, StartResult
-from ..inference.fitting._fit import DEFAULT_METHOD, optimizer_of, run_start
+from ..inference.fitting._fit import DEFAULT_METHOD, optimizer_of
+from ..inference.fitting._run_start import run_start
 from ..inference.fitting._hierarchical import AnalyticParameters
 from ..inference.fitting._optimizers import AbstractOptimizer
 from ..inference.fitting._starts import replacement_point, start_points

@@ -51,8 +51,11 @@ from .._lazy import lazy_attributes
 # The same names for type checkers, IDEs and the API reference (never run: they load lazily).
 if TYPE_CHECKING:
     from .fitting._fit import fit as fit
-    from .fitting._fit import FitResult as FitResult
-    from .fitting._fit import StartResult as StartResult
+    from .fitting._batched_trust_region import BatchedTrustRegion as BatchedTrustRegion
+    from .fitting._batched_trust_region import LaneStatus as LaneStatus
+    from .fitting._batched_fit import Optimum as Optimum
+    from .fitting._results import FitResult as FitResult
+    from .fitting._results import StartResult as StartResult
     from .fitting._optimizers import AbstractOptimizer as AbstractOptimizer
     from .fitting._optimizers import TRF as TRF
     from .fitting._optimizers import LBFGSB as LBFGSB
@@ -76,8 +79,11 @@ __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         "fit": "diffsoup.inference.fitting._fit",
-        "FitResult": "diffsoup.inference.fitting._fit",
-        "StartResult": "diffsoup.inference.fitting._fit",
+        "BatchedTrustRegion": "diffsoup.inference.fitting._batched_trust_region",
+        "LaneStatus": "diffsoup.inference.fitting._batched_trust_region",
+        "Optimum": "diffsoup.inference.fitting._batched_fit",
+        "FitResult": "diffsoup.inference.fitting._results",
+        "StartResult": "diffsoup.inference.fitting._results",
         "AbstractOptimizer": "diffsoup.inference.fitting._optimizers",
         "TRF": "diffsoup.inference.fitting._optimizers",
         "LBFGSB": "diffsoup.inference.fitting._optimizers",

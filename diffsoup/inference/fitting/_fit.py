@@ -8,7 +8,11 @@ Methods (``fit(method=...)``: a name, or an optimizer object with its options):
 - ``"trf"`` (:class:`~diffsoup.inference.TRF`): ``scipy.optimize.least_squares`` (trust region
   reflective) on the residuals and their Jacobian;
 - ``"lbfgsb"`` (:class:`~diffsoup.inference.LBFGSB`): ``scipy.optimize.minimize(method="L-BFGS-B")``
-  on the value and its exact gradient.
+  on the value and its exact gradient;
+- ``"batched"`` (:class:`~diffsoup.inference.BatchedTrustRegion`): many starts advanced together as
+  the lanes of one program per iteration (trust region reflective least squares), the best distinct
+  end points then finished by fides (:mod:`diffsoup.inference.fitting._batched_fit`); its starts are the
+  scrambled Sobol' sequence (a stream: start ``i`` does not depend on their number).
 
 Starts are Latin hypercube samples within the bounds in the parameters' scaled coordinates
 (:mod:`diffsoup.inference.fitting._starts`). A failed solve during a fit (an experiment whose
@@ -21,7 +25,6 @@ caller that fails is recorded as a failed start and not optimized.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from typing import Any, Sequence
@@ -29,140 +32,22 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
+from ._batched_trust_region import BatchedTrustRegion
 from ._fides import Fides
 from ._hierarchical import AnalyticParameters
 from ..objective._lower import lower
-from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
+from ._batched_fit import batched_fit
+from ._optimizers import LBFGSB, TRF, AbstractOptimizer
+from ._results import CONVERGED as CONVERGED
+from ._results import FitResult as FitResult
+from ._results import StartResult as StartResult
+from ._run_start import run_start as run_start
 from ..objective._problem import InferenceProblem
-from ._starts import replacement_point, start_points
+from ._starts import replacement_point, sobol_points, start_points
 from ..study._study import Study
 
-METHODS = ("fides", "trf", "lbfgsb")
+METHODS = ("fides", "trf", "lbfgsb", "batched")
 DEFAULT_METHOD = "fides"
-# Starts within this of the best objective reached the same optimum (PEtab benchmarks' 1e-3 criterion).
-CONVERGED = 1e-3
-
-
-@dataclasses.dataclass(frozen=True)
-class StartResult:
-    """One start of a multistart fit.
-
-    Attributes:
-        x0, x: start and end point (theta, scaled); ``x0`` is the point the optimizer started from
-            (a replacement draw when the drawn point failed to solve).
-        objective: the objective at ``x`` (inf if the start failed).
-        success: the optimizer's success flag.
-        message: its convergence reason (or why the start failed).
-        n_evaluations: evaluations of the lowered study (each trial point's value, residuals and
-            Jacobian, or Gauss-Newton blocks, as the method asks; the start point's check included).
-        n_iterations: optimizer iterations.
-        seconds: wall time.
-        failures: ``(experiment id, status name, count)`` of failed solves met during the start.
-        resampled: how many drawn start points failed to solve and were replaced.
-    """
-
-    x0: np.ndarray
-    x: np.ndarray
-    objective: float
-    success: bool
-    message: str
-    n_evaluations: int
-    n_iterations: int
-    seconds: float
-    failures: tuple
-    resampled: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class FitResult:
-    """The outcome of :func:`fit`.
-
-    Attributes:
-        parameters: best estimates by theta name, linear scale.
-        theta: best point, scaled coordinates.
-        objective: best objective value.
-        standard_errors: by theta name, in the scaled coordinates, from the Gauss-Newton Hessian
-            at the best point (``cov = (J^T J)^+`` of the noise-weighted residuals).
-        covariance: that ``cov``.
-        starts: every :class:`StartResult`, in start order.
-        best: index of the best start.
-        method: the method's name (``"fides"``, ``"trf"``, ``"lbfgsb"``).
-        seconds: total wall time; n_evaluations: total objective evaluations.
-        theta_names: order of ``theta``.
-        window_starts: multiple-shooting experiments' fitted window starts, id -> ``(W-1, n)``
-            (linear scale; empty for single shooting).
-        analytic: the names of the parameters optimized analytically at each evaluation
-            (``fit(hierarchical=...)``; by default the noise levels that qualify), empty if none.
-    """
-
-    parameters: dict
-    theta: np.ndarray
-    objective: float
-    standard_errors: dict
-    covariance: np.ndarray
-    starts: tuple
-    best: int
-    method: str
-    seconds: float
-    n_evaluations: int
-    theta_names: tuple
-    window_starts: dict = dataclasses.field(default_factory=dict)
-    analytic: tuple = ()
-
-    @property
-    def message(self) -> str:
-        """Convergence reason of the best start."""
-        return self.starts[self.best].message
-
-    @property
-    def waterfall(self) -> np.ndarray:
-        """The starts' final objectives, sorted ascending (failed starts, ``inf``, last): the
-        multistart waterfall (``ds.plots.plot_waterfall`` draws it)."""
-        return np.sort(np.array([s.objective for s in self.starts], dtype=np.float64))
-
-    def converged(self, tolerance: float = CONVERGED, best: float | None = None) -> np.ndarray:
-        """Which starts ended within ``tolerance`` of ``best`` (default: this fit's best objective;
-        give the best value known, e.g. a published optimum), as a boolean array in start order."""
-        reference = self.objective if best is None else float(best)
-        values = np.array([s.objective for s in self.starts], dtype=np.float64)
-        return np.isfinite(values) & (values <= reference + float(tolerance))
-
-    @classmethod
-    def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float,
-                    analytic: Sequence[str] = ()) -> "FitResult":  # fmt: skip
-        """The result of finished starts (e.g. those of a campaign): the best one, with standard
-        errors from the Gauss-Newton Hessian of ``lowered`` at its point (``analytic``: the names
-        optimized analytically, recorded as given).
-
-        Raises:
-            RuntimeError: if every start failed.
-        """
-        starts = tuple(starts)
-        prob = lowered.problem
-        finite = [i for i, r in enumerate(starts) if np.isfinite(r.objective)]
-        if not finite:
-            reasons = "; ".join(r.message for r in starts[:3])
-            raise RuntimeError(f"fit: every start failed ({reasons}).")
-        best = min(finite, key=lambda i: starts[i].objective)
-        theta = np.asarray(starts[best].x, dtype=np.float64)
-        _, _, H = lowered.gauss_newton(theta)
-        cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)
-        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-        return cls(
-            parameters=prob.parameter_values(theta),
-            theta=theta,
-            objective=starts[best].objective,
-            standard_errors=dict(zip(prob.theta_names, map(float, se))),
-            covariance=cov,
-            starts=starts,
-            best=best,
-            method=method,
-            seconds=seconds,
-            n_evaluations=sum(r.n_evaluations for r in starts),
-            theta_names=prob.theta_names,
-            window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
-            analytic=tuple(analytic),
-        )
 
 
 def optimizer_of(method: str | AbstractOptimizer = DEFAULT_METHOD, *, max_nfev: int | None = None,
@@ -188,11 +73,12 @@ def optimizer_of(method: str | AbstractOptimizer = DEFAULT_METHOD, *, max_nfev: 
     if method not in METHODS:
         raise ValueError(f"fit: method={method!r} must be one of {METHODS} (or an optimizer object).")
     names = {"fides": {"ftol": "frtol", "gtol": "gatol", "xtol": "xtol"}, "trf": {"ftol": "ftol", "xtol": "xtol", "gtol": "gtol"},
-             "lbfgsb": {"ftol": "ftol", "gtol": "gtol"}}[method]  # fmt: skip
+             "lbfgsb": {"ftol": "ftol", "gtol": "gtol"},
+             "batched": {"ftol": "ftol", "xtol": "xtol", "gtol": "gtol"}}[method]  # fmt: skip
     options = {names[k]: float(v) for k, v in given.items() if k in names}
     if max_nfev is not None:
         options["max_evaluations"] = int(max_nfev)
-    return {"fides": Fides, "trf": TRF, "lbfgsb": LBFGSB}[method](**options)
+    return {"fides": Fides, "trf": TRF, "lbfgsb": LBFGSB, "batched": BatchedTrustRegion}[method](**options)
 
 
 def fit(
@@ -217,9 +103,11 @@ def fit(
         target: a lowered study (``ds.lower``'s, or the one ``ds.distributed.run`` yields: any
             ``AbstractLoweredStudy``), or an inference problem / study (lowered with defaults).
         method: ``"fides"`` (default: fides with the Gauss-Newton Hessian), ``"trf"`` (scipy's
-            least squares on residuals and forward-sensitivity Jacobians) or ``"lbfgsb"`` (value
-            and gradient); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``.
-        starts: number of Latin hypercube starts within the bounds, or an array ``(s, n_theta)``
+            least squares on residuals and forward-sensitivity Jacobians), ``"lbfgsb"`` (value
+            and gradient) or ``"batched"`` (the starts as lanes of one program, then fides on the
+            best distinct ends); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``
+            or ``ds.inference.BatchedTrustRegion(lanes=32)``.
+        starts: number of Latin hypercube starts within the bounds (``"batched"``: scrambled Sobol' points), or an array ``(s, n_theta)``
             of start points (scaled). Window starts of multiple-shooting experiments (and any
             other coordinate without finite bounds) are not sampled: every start takes their
             prepared values (``low.nominal``); an array ``(s, n_parameters)`` is completed with them.
@@ -258,6 +146,7 @@ def fit(
                       "back from.", DeprecationWarning, stacklevel=2)  # fmt: skip
     if isinstance(resample_failed_starts, bool) or int(resample_failed_starts) < 0:
         raise ValueError(f"fit: resample_failed_starts={resample_failed_starts!r} must be a non-negative integer.")
+    batched = isinstance(optimizer, BatchedTrustRegion)
     low = target if isinstance(target, AbstractLoweredStudy) else lower(target)
     analytic = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     prob = low.problem
@@ -273,7 +162,7 @@ def fit(
     if drawn:
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
-        points = start_points(low, int(starts), seed)
+        points = (sobol_points if batched else start_points)(low, int(starts), seed)
     else:
         points = np.atleast_2d(np.asarray(starts, dtype=np.float64))
         if points.shape[1:] == (n_par,) and n_par < k:
@@ -291,6 +180,10 @@ def fit(
         replaceable = [False] + replaceable
     if np.any(points < lo) or np.any(points > hi):
         raise ValueError("fit: a start point lies outside the bounds [lower, upper] (scaled coordinates).")
+    if batched:
+
+        return batched_fit(low, optimizer, points, replaceable, seed=seed, first_drawn=int(x0 is not None),
+                           attempts=int(resample_failed_starts), progress=progress, analytic=analytic)  # fmt: skip
     t_all = time.perf_counter()
     bar = _Progress(len(points), optimizer.name, progress)
     try:
@@ -306,50 +199,6 @@ def fit(
         bar.close()
     return FitResult.from_starts(low, results, method=optimizer.name, seconds=time.perf_counter() - t_all,
                                  analytic=analytic.names if analytic is not None else ())  # fmt: skip
-
-
-def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: Any, *, fixed: dict | None = None,
-              replace=None, attempts: int = 0, on_evaluation=None,
-              analytic: AnalyticParameters | None = None) -> StartResult:  # fmt: skip
-    """One start: check that the start point solves (replacing it by ``replace(attempt)`` up to
-    ``attempts`` times if not), then run ``optimizer`` from it.
-
-    Args:
-        lowered: the lowered study.
-        optimizer: an :class:`AbstractOptimizer`.
-        x0: the start point, full theta (scaled).
-        fixed: theta index -> value of coordinates held fixed (profiles); the others are optimized.
-        replace: ``attempt -> theta`` giving a replacement start point.
-        attempts: most replacements.
-        on_evaluation: called after each evaluation.
-        analytic: parameters optimized analytically at each evaluation (``fit(hierarchical=...)``).
-
-    Returns:
-        The :class:`StartResult` (``x0``/``x`` full theta).
-    """
-    start = time.perf_counter()
-    objective = StartObjective(lowered, fixed, on_evaluation, analytic)
-    theta0 = np.clip(np.asarray(x0, dtype=np.float64), lowered.lower, lowered.upper)
-    f0 = objective.value(theta0[objective.free])
-    resampled = 0
-    while not np.isfinite(f0) and resampled < attempts:
-        resampled += 1
-        theta0 = np.asarray(replace(resampled), dtype=np.float64)
-        f0 = objective.value(theta0[objective.free])
-    if not np.isfinite(f0):
-        return StartResult(theta0, theta0, float("inf"), False, "a solve failed at the start point",
-                           objective.n_evaluations, 0, time.perf_counter() - start, objective.failure_summary(),
-                           resampled)  # fmt: skip
-    if objective.free.size == 0:  # a profile whose other parameters are all optimized analytically
-        return StartResult(theta0, objective.theta(theta0[objective.free]), float(f0), True,
-                           "the other parameters were optimized analytically", objective.n_evaluations, 0,
-                           time.perf_counter() - start, objective.failure_summary(), resampled)  # fmt: skip
-    out = optimizer.minimize(objective, theta0[objective.free], f0)
-    if out.value > f0:  # an optimizer may end above its start (L-BFGS-B on a penalized point): keep the start
-        out = out._replace(x=theta0[objective.free], value=f0)
-    return StartResult(theta0, objective.theta(out.x), float(out.value), out.success, out.message,
-                       objective.n_evaluations, out.n_iterations, time.perf_counter() - start,
-                       objective.failure_summary(), resampled)  # fmt: skip
 
 
 class _Progress:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._fides import Fides
-from ._fit import run_start
+from ._run_start import run_start
 from ._hierarchical import AnalyticParameters
 from ._optimizers import AbstractOptimizer
 

@@ -1,4 +1,6 @@
-"""Start points of a multistart fit: a Latin hypercube on the parameters' scales within the bounds.
+"""Start points of a multistart fit: a Latin hypercube on the parameters' scales within the bounds
+(``fit(method="batched")``: the scrambled Sobol' sequence, a stream whose first points do not depend
+on how many are drawn).
 
 Every estimated parameter is sampled in the optimizer's coordinates (``log10 k`` for a
 ``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts), one
@@ -23,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
-from ._samplers import latin_hypercube_unit
+from ._samplers import latin_hypercube_unit, sobol_unit
 
 
 def _sampled(lowered: AbstractLoweredStudy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,6 +46,25 @@ def start_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray
     points = np.repeat(np.asarray(lowered.nominal, float)[None], int(n), axis=0)
     if n and np.any(sampled):
         unit = latin_hypercube_unit(int(n), int(np.sum(sampled)), seed)
+        points[:, sampled] = lo[sampled] + unit * (hi[sampled] - lo[sampled])
+    return points
+
+
+def sobol_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray:
+    """The first ``n`` points ``(n, n_theta)`` of the scrambled Sobol' sequence of ``seed`` on the
+    parameters' scales within the bounds (the prepared values where a bound is infinite): a stream,
+    so point ``i`` is the same whatever ``n`` (``fit(method="batched")``'s starts: a lane that
+    finishes takes the next).
+
+    Raises:
+        ValueError: for a negative ``n``.
+    """
+    if int(n) < 0:
+        raise ValueError(f"sobol_points: n={n!r} must be non-negative.")
+    lo, hi, sampled = _sampled(lowered)
+    points = np.repeat(np.asarray(lowered.nominal, float)[None], int(n), axis=0)
+    if n and np.any(sampled):
+        unit = sobol_unit(0, int(n), int(np.sum(sampled)), seed)
         points[:, sampled] = lo[sampled] + unit * (hi[sampled] - lo[sampled])
     return points
 

@@ -203,6 +203,31 @@ class AbstractLoweredStudy(abc.ABC):
         part = self.evaluate("jacobian", theta)
         return self._stacked(part.residuals), self._stacked(part.jacobian)
 
+    def residuals_and_jacobians(self, thetas, active=None) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """Residuals ``(s, n_residuals)`` and Jacobians ``(s, n_residuals, n_theta)`` at ``s`` points
+        ``thetas`` ``(s, n_theta)`` at once, and each point's failed solves (experiment id ->
+        ``ds.Status``; a point with any has NaN residuals). ``active`` (``(s,)`` bool, default all)
+        marks the points wanted: the others may be skipped (NaN residuals) or evaluated.
+        This one evaluates the wanted points one by one; ``LoweredStudy`` runs them as lanes of
+        one program (``BatchedTrustRegion``'s evaluation). ``last_failures`` and ``steps`` are
+        those of the last point evaluated."""
+        thetas = np.atleast_2d(np.asarray(thetas, dtype=np.float64))
+        active = np.ones(len(thetas), dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        rs, Js, failures = [], [], []
+        for theta, on in zip(thetas, active):
+            if not on:
+                rs.append(np.full(self.n_residuals, np.nan))
+                Js.append(np.zeros((self.n_residuals, self.problem.n_theta)))
+                failures.append({})
+                continue
+            r, J = self.residuals_and_jacobian(theta)
+            if self.last_failures:
+                r = np.full_like(r, np.nan)
+            rs.append(r)
+            Js.append(J)
+            failures.append(dict(self.last_failures))
+        return np.stack(rs), np.stack(Js), tuple(failures)
+
     def gauss_newton(self, theta) -> tuple[float, np.ndarray, np.ndarray]:
         """Value, gradient and Gauss-Newton Hessian ``2 scale J^T J`` from the residual Jacobian
         (the products are formed where the experiments are evaluated; only ``(n_theta, n_theta)``

@@ -1,0 +1,170 @@
+"""``fit(method="batched")``: the starts as lanes of one program per iteration, then the best
+distinct end points finished by fides.
+
+1. **Batched phase.** Every start runs :class:`~diffsoup.inference.BatchedTrustRegion` (trust region
+   reflective least squares) with ``lanes`` starts at a time: each iteration evaluates the residuals
+   and Jacobians of all lanes' trial points in one program
+   (``AbstractLoweredStudy.residuals_and_jacobians``) and advances every lane in one jitted step
+   (:func:`~diffsoup.inference.fitting._batched_trust_region.run_lanes`). This phase optimizes every
+   coordinate of theta, noise levels included: the analytic (hierarchical) optimization of ``fit``
+   moves the residuals and their Jacobian per point on the host, which would take the lanes out of
+   the one program; the noise levels' own residuals (:mod:`diffsoup.inference._terms`) keep the
+   problem a least-squares one.
+2. **Distinct optima.** The end points are clustered (:func:`distinct_optima`): two ends belong to
+   one optimum when their objectives differ by at most ``CONVERGED`` (1e-3, the PEtab benchmarks'
+   criterion) and their coordinates by at most ``SAME_POINT`` of each bounded coordinate's range
+   (``SAME_POINT`` in theta's units where a bound is infinite).
+3. **Polish.** The best end point of each of the ``polish`` best optima of distinct objectives (an
+   optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped:
+   on Bruno three of 354.8693 were polished before) is finished by
+   ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
+   path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
+   result becomes the polished one (its evaluations, iterations and time added, its message
+   extended); the other starts keep their batched end state, and the final end states are
+   clustered again into ``optima``. A start counts as having reached an optimum by its own end
+   state only: an unpolished start that stopped in the basin of the best optimum (the batched
+   phase stops early on stalls, ``stall_rtol``) but more than 1e-3 above it is not counted there.
+
+The result is a :class:`~diffsoup.inference.FitResult` whose ``starts`` hold every start's end
+state, and whose ``optima`` list the distinct optima (:class:`Optimum`: objective, point, the starts
+that ended there), best first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..objective._abstract_lowered import AbstractLoweredStudy
+from ._batched_trust_region import BatchedTrustRegion, run_lanes
+from ._fides import Fides
+from ._results import CONVERGED, FitResult, StartResult
+from ._run_start import run_start
+from ._starts import replacement_point
+
+SAME_POINT = 1e-2  # ends closer than this share of each coordinate's range (and within CONVERGED) are one optimum
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimum:
+    """A distinct end point of a multistart fit and the starts that ended there.
+
+    Attributes:
+        objective: the best objective of its starts (after the polish, where polished).
+        theta: the point of that objective (scaled).
+        starts: indices of the starts that ended at it (within ``CONVERGED`` in objective and
+            ``SAME_POINT`` in coordinates of its best start's batched end).
+        polished: whether its best start was finished by the polish method.
+    """
+
+    objective: float
+    theta: np.ndarray
+    starts: tuple
+    polished: bool = False
+
+    @property
+    def count(self) -> int:
+        """How many starts ended at it."""
+        return len(self.starts)
+
+
+def distinct_optima(objectives: Sequence[float], points: np.ndarray, lower: np.ndarray, upper: np.ndarray, *,
+                    tolerance: float = CONVERGED, same_point: float = SAME_POINT) -> list[list[int]]:  # fmt: skip
+    """The finite ends grouped into distinct optima, best first: each end (in order of objective)
+    joins the first group whose best end is within ``tolerance`` in objective and within
+    ``same_point`` of the range (``same_point`` itself for an unbounded coordinate) in every
+    coordinate; otherwise it starts a group. Returns the groups' start indices, best first."""
+    objectives = np.asarray(objectives, dtype=np.float64)
+    points = np.asarray(points, dtype=np.float64)
+    width = np.where(np.isfinite(upper - lower), np.asarray(upper) - np.asarray(lower), 1.0)
+    groups: list[list[int]] = []
+    for i in sorted(np.flatnonzero(np.isfinite(objectives)).tolist(), key=lambda j: (objectives[j], j)):
+        for group in groups:
+            head = group[0]
+            if (objectives[i] - objectives[head] <= tolerance
+                    and np.all(np.abs(points[i] - points[head]) <= same_point * width)):  # fmt: skip
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: np.ndarray, replaceable: Sequence[bool],
+                *, seed: int, first_drawn: int, attempts: int, progress: bool, analytic: Any = None):  # fmt: skip
+    """``fit``'s path for :class:`BatchedTrustRegion` (see the module's docstring).
+
+    Args:
+        low: the lowered study.
+        optimizer: the options.
+        points: ``(N, n_theta)`` start points (scaled, within the bounds).
+        replaceable: per start, whether a start point that fails to solve is replaced (drawn ones).
+        seed: of the replacements; first_drawn: index of the first drawn start among ``points``
+            (1 after an ``x0``), so that a draw's replacements do not depend on ``x0``.
+        attempts: most replacements of a drawn start point.
+        progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
+        analytic: ``fit``'s analytic parameters, for the polish.
+
+    Returns:
+        A ``FitResult`` with ``optima``.
+    """
+
+    began = time.perf_counter()
+    scale, offset = float(low.scale), float(low.offset)
+
+    def evaluate(thetas, active):
+        r, J, failures = low.residuals_and_jacobians(thetas, active)
+        return r, J, np.array([not f for f in failures])
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(points), desc="fit (batched)", unit="start", dynamic_ncols=True)
+
+    def on_iteration(ended: int, total: int, best_cost: float) -> None:
+        if bar is not None:
+            bar.update(ended - bar.n)
+            bar.set_postfix(best=f"{2.0 * scale * best_cost + offset:.6g}", refresh=True)
+
+    try:
+        run = run_lanes(optimizer, evaluate, points, low.lower, low.upper,
+                        replace=lambda i, j: replacement_point(low, seed, i - first_drawn, j),
+                        attempts=[attempts if r else 0 for r in replaceable], on_iteration=on_iteration)  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    starts = [StartResult(e.x0, e.x, 2.0 * scale * e.cost + offset if math.isfinite(e.cost) else math.inf,
+                          e.status.converged, e.message + (f" ({e.failed} trial points failed to solve)" if e.failed else ""),
+                          e.evaluations, e.accepted, e.seconds, (), e.resampled)
+              for e in run.results]  # fmt: skip
+    ends = np.stack([s.x for s in starts])
+    groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
+    polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
+    polished, levels = set(), []
+    for group in groups:
+        head = starts[group[0]]
+        if len(polished) == optimizer.polish:
+            break
+        if any(abs(head.objective - level) <= CONVERGED for level in levels):
+            continue  # the same objective at another point (a flat valley): polished once
+        levels.append(head.objective)
+        end = run_start(low, polisher, head.x, analytic=analytic)
+        better = bool(np.isfinite(end.objective) and end.objective <= head.objective)
+        starts[group[0]] = dataclasses.replace(
+            head, x=end.x if better else head.x, objective=end.objective if better else head.objective,
+            success=end.success if better else head.success,
+            message=f"{head.message}; polished by {polisher.name}: {end.message}",
+            n_evaluations=head.n_evaluations + end.n_evaluations, n_iterations=head.n_iterations + end.n_iterations,
+            seconds=head.seconds + end.seconds, failures=end.failures)  # fmt: skip
+        polished.add(group[0])
+    # The distinct optima of the final end states (polished ends may have met).
+    final = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), low.lower, low.upper)
+    optima = [Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in polished) for g in final]
+    result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=time.perf_counter() - began,
+                                   analytic=analytic.names if analytic is not None and optimizer.polish else ())  # fmt: skip
+    return dataclasses.replace(result, optima=tuple(optima))

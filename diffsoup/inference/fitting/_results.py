@@ -1,0 +1,140 @@
+"""The results of a fit: :class:`StartResult` (one start) and :class:`FitResult` (a multistart
+fit: the best start, every start, the distinct optima a batched fit found)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from ..objective._abstract_lowered import AbstractLoweredStudy
+
+# Starts within this of the best objective reached the same optimum (PEtab benchmarks' 1e-3 criterion).
+CONVERGED = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class StartResult:
+    """One start of a multistart fit.
+
+    Attributes:
+        x0, x: start and end point (theta, scaled); ``x0`` is the point the optimizer started from
+            (a replacement draw when the drawn point failed to solve).
+        objective: the objective at ``x`` (inf if the start failed).
+        success: the optimizer's success flag.
+        message: its convergence reason (or why the start failed).
+        n_evaluations: evaluations of the lowered study (each trial point's value, residuals and
+            Jacobian, or Gauss-Newton blocks, as the method asks; the start point's check included).
+        n_iterations: optimizer iterations.
+        seconds: wall time.
+        failures: ``(experiment id, status name, count)`` of failed solves met during the start.
+        resampled: how many drawn start points failed to solve and were replaced.
+    """
+
+    x0: np.ndarray
+    x: np.ndarray
+    objective: float
+    success: bool
+    message: str
+    n_evaluations: int
+    n_iterations: int
+    seconds: float
+    failures: tuple
+    resampled: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """The outcome of :func:`fit`.
+
+    Attributes:
+        parameters: best estimates by theta name, linear scale.
+        theta: best point, scaled coordinates.
+        objective: best objective value.
+        standard_errors: by theta name, in the scaled coordinates, from the Gauss-Newton Hessian
+            at the best point (``cov = (J^T J)^+`` of the noise-weighted residuals).
+        covariance: that ``cov``.
+        starts: every :class:`StartResult`, in start order.
+        best: index of the best start.
+        method: the method's name (``"fides"``, ``"trf"``, ``"lbfgsb"``).
+        seconds: total wall time; n_evaluations: total objective evaluations.
+        theta_names: order of ``theta``.
+        window_starts: multiple-shooting experiments' fitted window starts, id -> ``(W-1, n)``
+            (linear scale; empty for single shooting).
+        analytic: the names of the parameters optimized analytically at each evaluation
+            (``fit(hierarchical=...)``; by default the noise levels that qualify), empty if none.
+            (``"batched"``: in the polish only.)
+        optima: ``"batched"``: the distinct end points (``Optimum``: objective, theta, the starts
+            that ended there, whether polished), best first; empty for the other methods.
+    """
+
+    parameters: dict
+    theta: np.ndarray
+    objective: float
+    standard_errors: dict
+    covariance: np.ndarray
+    starts: tuple
+    best: int
+    method: str
+    seconds: float
+    n_evaluations: int
+    theta_names: tuple
+    window_starts: dict = dataclasses.field(default_factory=dict)
+    analytic: tuple = ()
+    optima: tuple = ()
+
+    @property
+    def message(self) -> str:
+        """Convergence reason of the best start."""
+        return self.starts[self.best].message
+
+    @property
+    def waterfall(self) -> np.ndarray:
+        """The starts' final objectives, sorted ascending (failed starts, ``inf``, last): the
+        multistart waterfall (``ds.plots.plot_waterfall`` draws it)."""
+        return np.sort(np.array([s.objective for s in self.starts], dtype=np.float64))
+
+    def converged(self, tolerance: float = CONVERGED, best: float | None = None) -> np.ndarray:
+        """Which starts ended within ``tolerance`` of ``best`` (default: this fit's best objective;
+        give the best value known, e.g. a published optimum), as a boolean array in start order."""
+        reference = self.objective if best is None else float(best)
+        values = np.array([s.objective for s in self.starts], dtype=np.float64)
+        return np.isfinite(values) & (values <= reference + float(tolerance))
+
+    @classmethod
+    def from_starts(cls, lowered: AbstractLoweredStudy, starts, *, method: str, seconds: float,
+                    analytic: Sequence[str] = ()) -> "FitResult":  # fmt: skip
+        """The result of finished starts (e.g. those of a campaign): the best one, with standard
+        errors from the Gauss-Newton Hessian of ``lowered`` at its point (``analytic``: the names
+        optimized analytically, recorded as given).
+
+        Raises:
+            RuntimeError: if every start failed.
+        """
+        starts = tuple(starts)
+        prob = lowered.problem
+        finite = [i for i, r in enumerate(starts) if np.isfinite(r.objective)]
+        if not finite:
+            reasons = "; ".join(r.message for r in starts[:3])
+            raise RuntimeError(f"fit: every start failed ({reasons}).")
+        best = min(finite, key=lambda i: starts[i].objective)
+        theta = np.asarray(starts[best].x, dtype=np.float64)
+        _, _, H = lowered.gauss_newton(theta)
+        cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)
+        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        return cls(
+            parameters=prob.parameter_values(theta),
+            theta=theta,
+            objective=starts[best].objective,
+            standard_errors=dict(zip(prob.theta_names, map(float, se))),
+            covariance=cov,
+            starts=starts,
+            best=best,
+            method=method,
+            seconds=seconds,
+            n_evaluations=sum(r.n_evaluations for r in starts),
+            theta_names=prob.theta_names,
+            window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
+            analytic=tuple(analytic),
+        )
