@@ -135,13 +135,15 @@ def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
 
 
 def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | None = None,
-                   hessians=(DEFAULT_HESSIAN,), reused: dict | None = None, lanes: int | None = None) -> dict:  # fmt: skip
+                   hessians=(DEFAULT_HESSIAN,), reused: dict | None = None, lanes: int | None = None,
+                   polish: int | None = None) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
     once per Hessian in ``hessians``; with ``hierarchical="all"``, each also with
     ``fit(hierarchical=True)`` (labelled "M hierarchical"), with ``"noise"`` with the noise levels
     that qualify named (labelled "M noise levels analytic"; not run where none does). Rows in
     ``reused`` (label -> an earlier run's row, :func:`earlier_diffsoup`) are taken, not run. ``lanes``:
-    the batched method's starts per program (None: ``BatchedTrustRegion``'s default)."""
+    the batched method's starts per program and ``polish`` its optima finished by fides (None:
+    ``BatchedTrustRegion``'s defaults)."""
     import diffsoup as ds
 
     t, c = time.perf_counter(), time.process_time()
@@ -166,10 +168,10 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
             continue
         # Compile what the method evaluates (one start, two evaluations), timed apart.
         t, c = time.perf_counter(), time.process_time()
-        batched = {} if lanes is None else {"lanes": int(lanes)}
+        batched = {k: int(v) for k, v in (("lanes", lanes), ("polish", polish)) if v is not None}
         if method == "batched":  # its program of as many lanes as the fit runs, and the polish's (fides)
             n_lanes = ds.inference.BatchedTrustRegion(**batched).lanes
-            ds.inference.fit(lowered, method=ds.inference.BatchedTrustRegion(max_evaluations=2, polish=0, **batched),
+            ds.inference.fit(lowered, method=ds.inference.BatchedTrustRegion(max_evaluations=2, **{**batched, "polish": 0}),
                              starts=points[:n_lanes], hierarchical=analytic)  # fmt: skip
             method_warmup = "fides"
         else:
@@ -384,6 +386,7 @@ def main() -> None:
                         help="fides' rows, one per Hessian (default: gauss_newton, diffsoup's default, whose row the "
                         "targets judge; the others are labelled 'fides H')")  # fmt: skip
     parser.add_argument("--lanes", type=int, help="starts per program of the batched method (default: its own)")
+    parser.add_argument("--polish", type=int, help="distinct optima the batched method finishes with fides (default: its own)")
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
@@ -427,7 +430,7 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         reused = earlier_diffsoup(args.reuse_diffsoup, earlier_ours, name, points) if args.reuse_diffsoup else {}
-        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes)
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish)
         p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)
