@@ -54,20 +54,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ._dashboard_views import published
+
 SCHEMA = "diffsoup.studies/1"
 SCHEMAS = {"studies": SCHEMA, "campaigns": "diffsoup.campaigns/1", "ensembles": "diffsoup.ensembles/1"}
 ROUTE = "/diffsoup/studies.json"
 PAGE = "/diffsoup"
 METADATA_KEY = ("diffsoup", "studies")
 BOKEH_HINT = "pip install 'diffsoup[dashboard]' (bokeh>=3.1)"
-
-
-def published(scheduler: Any, kind: str = "studies") -> dict:
-    """The records of ``kind`` ("studies", "campaigns", "ensembles") in the scheduler's metadata."""
-    try:
-        return dict(scheduler.get_metadata(keys=["diffsoup", kind], default={}) or {})
-    except Exception:  # noqa: BLE001 (metadata missing or malformed: show nothing)
-        return {}
 
 
 def bokeh_available() -> bool:

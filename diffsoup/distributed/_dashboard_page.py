@@ -24,7 +24,6 @@ import logging
 from collections import Counter
 from typing import Any
 
-from ._dashboard import published
 from ._dashboard_views import (
     CAMPAIGN_COLUMNS,
     ENSEMBLE_COLUMNS,
@@ -35,6 +34,7 @@ from ._dashboard_views import (
     WATERFALL_COLUMNS,
     campaign_tables,
     ensemble_table,
+    published,
     study_tables,
     summary_text,
 )

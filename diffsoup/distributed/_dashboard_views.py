@@ -12,6 +12,14 @@ import re
 from collections import Counter
 from typing import Any
 
+def published(scheduler: Any, kind: str = "studies") -> dict:
+    """The records of ``kind`` ("studies", "campaigns", "ensembles") in the scheduler's metadata."""
+    try:
+        return dict(scheduler.get_metadata(keys=["diffsoup", kind], default={}) or {})
+    except Exception:  # noqa: BLE001 (metadata missing or malformed: show nothing)
+        return {}
+
+
 MAX_ROWS = 500
 """Rows at most in the failing-experiments and failed-tasks tables."""
 
