@@ -140,5 +140,6 @@ def dashboard_url(client: Any) -> str | None:
     port = (info.get("services") or {}).get("dashboard")
     if port is None:
         return None
-    host = info["address"].split("://", 1)[-1].rsplit(":", 1)[0]
+    scheme, _, rest = info["address"].partition("://")
+    host = "127.0.0.1" if scheme == "inproc" else rest.rsplit(":", 1)[0]  # in-process: the local host
     return f"http://{host}:{port}"

@@ -361,21 +361,17 @@ class EnsemblePublisher:
 
     def _count_new_chunks(self) -> int:
         import numpy as np
-        import zarr
 
         runs = self.target.chunk_runs()
-        new = [int(i) for i in np.flatnonzero(runs > 0) if int(i) not in self.seen]
-        if new:
-            lay = self.target.layout
-            status = zarr.open_array(str(self.target.path / "status"), mode="r")
-            names = {int(k): v for k, v in lay.status_codes.items()}
-            for i in new:
-                block = np.asarray(status[lay.chunk_slice(i)])
-                codes, counts = np.unique(block, return_counts=True)
-                for code, n in zip(codes, counts):
-                    name = names.get(int(code), str(int(code)))
-                    self.status[name] = self.status.get(name, 0) + int(n)
-                self.seen.add(i)
+        names = {int(k): v for k, v in self.target.layout.status_codes.items()}
+        for i in (int(i) for i in np.flatnonzero(runs > 0)):
+            if i in self.seen:
+                continue
+            codes, counts = np.unique(self.target.chunk_status(i), return_counts=True)
+            for code, n in zip(codes, counts):
+                name = names.get(int(code), str(int(code)))
+                self.status[name] = self.status.get(name, 0) + int(n)
+            self.seen.add(i)
         return len(self.seen)
 
     def record(self, final: bool = False) -> dict:
