@@ -133,6 +133,17 @@ def page_line(client: Any) -> str | None:
     return f"diffsoup page: {BOKEH_HINT} on the scheduler; meanwhile JSON at {url}{ROUTE}"
 
 
+def dashboard_line(client: Any) -> str | None:
+    """``Dask dashboard: <url>/status; diffsoup page: <url>/diffsoup`` (without bokeh on the
+    scheduler, how to get the page and where its JSON is), for the ``diffsoup`` command's output;
+    None where the scheduler serves no HTTP."""
+    url = dashboard_url(client)
+    if url is None:
+        return None
+    page = page_line(client)
+    return f"Dask dashboard: {url}/status" + (f"; {page}" if page else "")
+
+
 def dashboard_url(client: Any) -> str | None:
     """``http://host:port`` of the scheduler's HTTP server (the Dask dashboard, which also serves
     diffsoup's routes and page), or None when the scheduler serves none."""
