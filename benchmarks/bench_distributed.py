@@ -10,9 +10,15 @@ transfer, gathering, dashboard update).
 Efficiencies: weak ``t(1 worker) / t(n workers)`` at n times the work; strong
 ``t(1) / (n t(n))``. On a 2-core machine 4 workers share 2 cores, so expect no gain past 2.
 
-Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]``;
-prints a table and writes ``benchmarks/results/bench_distributed.json`` (``..._pw<N>.json`` for
-another ``--per-worker``).
+The dashboard's cost: on 2 workers (weak study), the median evaluation with diffsoup's state not
+published at all, published with no page open, and published with the ``/diffsoup`` page open in
+headless Chromium (Playwright; without it a Bokeh client session, which runs the same server-side
+updates); the three alternate in rounds, so drifts of a shared machine hit all three alike.
+
+Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]
+[--dashboard-repeats 20] [--only-dashboard]``; prints tables and writes
+``benchmarks/results/bench_distributed.json`` (``..._pw<N>.json`` for another ``--per-worker``;
+``bench_distributed_dashboard.json`` with ``--only-dashboard``).
 """
 
 from __future__ import annotations
@@ -59,13 +65,7 @@ def _time(fn, repeats):
 
 
 def _distributed(study, workers, repeats):
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, resources={"GPU": 1},
-                           host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                           env={"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
-                           preload=["diffsoup.distributed._worker"])  # fmt: skip
-    client = Client(cluster, set_as_default=False)
+    cluster, client = _cluster(workers)
     try:
         with ds.distributed.run(study, cluster=client, name="bench") as low:
             shard_seconds = []
@@ -82,12 +82,120 @@ def _distributed(study, workers, repeats):
         cluster.close()
 
 
+def _cluster(workers):
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, resources={"GPU": 1},
+                           host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                           env={"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+                           preload=["diffsoup.distributed._worker"])  # fmt: skip
+    return cluster, Client(cluster, set_as_default=False)
+
+
+class _Page:
+    """The ``/diffsoup`` page held open: in headless Chromium where Playwright and Debian's chromium
+    are there, else as a Bokeh client session (the server runs the page's updates for either)."""
+
+    def __init__(self, url, browser=True):
+        self.url, self.how = url, None
+        try:
+            if not browser:
+                raise ImportError("a Bokeh session asked for")
+            from playwright.sync_api import sync_playwright
+
+            if not os.path.exists("/usr/bin/chromium"):
+                raise ImportError("no /usr/bin/chromium")
+            self._pw = sync_playwright().start()
+            self._browser = self._pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            self.how = "chromium"
+        except ImportError:
+            self.how = "bokeh session"
+        self._open = None
+
+    def open(self):
+        if self.how == "chromium":
+            self._open = self._browser.new_page()
+            self._open.goto(self.url)
+            self._open.wait_for_timeout(1500)  # rendered and updating
+        else:
+            from bokeh.client import pull_session
+
+            self._open = pull_session(url=self.url)
+
+    def close(self):
+        self._open.close()
+        self._open = None
+
+    def stop(self):
+        if self.how == "chromium":
+            self._browser.close()
+            self._pw.stop()
+
+
+def _dashboard_cost(study, workers, repeats, rounds=3, browser=True):
+    """Median evaluation seconds: state not published, published with the page closed, and open."""
+    cluster, client = _cluster(workers)
+    times = {"not published": [], "page closed": [], "page open": []}
+    try:
+        with ds.distributed.run(study, cluster=client, name="bench_dashboard") as low:
+            page = _Page(f"{low.dashboard}/diffsoup", browser)
+            backend = low.backend
+            low.value_and_grad(THETA)  # compiles
+            try:
+                for _ in range(rounds):
+                    for mode in times:
+                        if mode == "not published":
+                            backend._publish = lambda final=False: None
+                        if mode == "page open":
+                            page.open()
+                        for _ in range(repeats):
+                            t0 = time.perf_counter()
+                            low.value_and_grad(THETA)
+                            times[mode].append(time.perf_counter() - t0)
+                        if mode == "page open":
+                            page.close()
+                        if mode == "not published":
+                            del backend._publish
+            finally:
+                page.stop()
+            how = page.how
+    finally:
+        client.close()
+        cluster.close()
+    medians = {mode: statistics.median(t) for mode, t in times.items()}
+    return medians, how
+
+
+def _dashboard_rows(a):
+    n = a.per_worker * 2
+    medians, how = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
+    closed = medians["page closed"]
+    rows = [{"state": mode, "workers": 2, "experiments": n, "wall_s": t, "vs_page_closed": t / closed - 1.0}
+            for mode, t in medians.items()]  # fmt: skip
+    print(f"\ndashboard cost (2 workers, {n} experiments, value+grad, median of {3 * a.dashboard_repeats}; page in {how}):")
+    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15}")
+    for r in rows:
+        print(f"{r['state']:>14} {r['wall_s'] * 1e3:>9.2f} {r['vs_page_closed'] * 100:>14.2f}%")
+    return rows, how
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--per-worker", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--dashboard-repeats", type=int, default=20)
+    p.add_argument("--only-dashboard", action="store_true")
+    p.add_argument("--page", choices=("chromium", "bokeh"), default="chromium",
+                   help="what holds the page open (chromium falls back to a Bokeh session without Playwright)")
     a = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    dashboard, how = _dashboard_rows(a)
+    if a.only_dashboard:
+        out = {"benchmark": "bench_distributed.dashboard", "cpu_count": os.cpu_count(), "per_worker": a.per_worker,
+               "page": how, "dashboard": dashboard}  # fmt: skip
+        (RESULTS / "bench_distributed_dashboard.json").write_text(json.dumps(out, indent=2))
+        return
     rows = []
     strong_n = a.per_worker * max(a.workers)
     local_strong = _time(lambda low=ds.lower(_study(strong_n)): low.value_and_grad(THETA), a.repeats)
@@ -110,10 +218,9 @@ def main(argv=None):
     for r in rows:
         print(f"{r['workers']:>7} {r['scaling']:>7} {r['experiments']:>5} {r['wall_s'] * 1e3:>9.1f} "
               f"{r['slowest_shard_s'] * 1e3:>9.1f} {r['overhead_s'] * 1e3:>11.1f} {r['efficiency']:>10.2f}")  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"benchmark": "bench_distributed", "cpu_count": os.cpu_count(), "per_worker": a.per_worker,
            "repeats": a.repeats, "in_process_s": {str(a.per_worker): local_unit, str(strong_n): local_strong},
-           "rows": rows}  # fmt: skip
+           "rows": rows, "page": how, "dashboard": dashboard}  # fmt: skip
     name = "bench_distributed.json" if a.per_worker == 4 else f"bench_distributed_pw{a.per_worker}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=2))
 

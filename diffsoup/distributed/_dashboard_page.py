@@ -126,18 +126,26 @@ def page_doc(scheduler: Any, extra: dict, doc: Any) -> None:
                 return
             st = study_tables(studies)
             ct = campaign_tables(campaigns)
-            headline.text = summary_text(st, campaigns, ensembles)
-            studies_src.data, shards_src.data, failing_src.data = st["studies"], st["shards"], st["failing"]
-            campaigns_src.data, failed_src.data = ct["campaigns"], ct["failed"]
             colors = {cid: _PALETTE[i % len(_PALETTE)] for i, cid in enumerate(ct["campaigns"]["campaign"])}
-            fall_src.data = dict(ct["waterfall"], color=[colors[c] for c in ct["waterfall"]["campaign"]])
-            ensembles_src.data = ensemble_table(ensembles)
             counts: Counter = Counter()
             for s in studies.values():
                 counts.update(e.get("status") or "PENDING" for e in (s.get("experiments") or {}).values())
             names = sorted(counts)
-            status_fig.x_range.factors = names
-            status_src.data = {"status": names, "count": [counts[n] for n in names]}
+            # Only what changed goes to the browser (each change is a message and a redraw there).
+            text = summary_text(st, campaigns, ensembles)
+            if changed("headline", text):
+                headline.text = text
+            for name, source, data in (
+                ("studies", studies_src, st["studies"]), ("shards", shards_src, st["shards"]),
+                ("failing", failing_src, st["failing"]), ("campaigns", campaigns_src, ct["campaigns"]),
+                ("failed", failed_src, ct["failed"]), ("ensembles", ensembles_src, ensemble_table(ensembles)),
+                ("waterfall", fall_src, dict(ct["waterfall"], color=[colors[c] for c in ct["waterfall"]["campaign"]])),
+                ("status", status_src, {"status": names, "count": [counts[n] for n in names]}),
+            ):  # fmt: skip
+                if changed(name, data):
+                    if name == "status":
+                        status_fig.x_range.factors = names
+                    source.data = data
         except Exception as exc:  # noqa: BLE001 (a page must not break the scheduler's loop)
             logger.warning("diffsoup page update failed: %s", exc)
 
