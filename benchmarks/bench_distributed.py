@@ -16,7 +16,7 @@ headless Chromium (Playwright; without it a Bokeh client session, which runs the
 updates); the three alternate in rounds, so drifts of a shared machine hit all three alike.
 
 Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]
-[--dashboard-repeats 20] [--only-dashboard]``; prints tables and writes
+[--dashboard-repeats 15] [--only-dashboard]``; prints tables and writes
 ``benchmarks/results/bench_distributed.json`` (``..._pw<N>.json`` for another ``--per-worker``;
 ``bench_distributed_dashboard.json`` with ``--only-dashboard``).
 """
@@ -132,50 +132,61 @@ class _Page:
             self._pw.stop()
 
 
-def _dashboard_cost(study, workers, repeats, rounds=3, browser=True):
-    """Median evaluation seconds: state not published, published with the page closed, and open."""
+def _dashboard_cost(study, workers, repeats, rounds=8, browser=True):
+    """Per round, the median evaluation seconds with the state not published, published with the
+    page closed, and with it open; the order of the three rotates from round to round."""
     cluster, client = _cluster(workers)
-    times = {"not published": [], "page closed": [], "page open": []}
+    modes = ["not published", "page closed", "page open"]
+    per_round = []
     try:
         with ds.distributed.run(study, cluster=client, name="bench_dashboard") as low:
             page = _Page(f"{low.dashboard}/diffsoup", browser)
             backend = low.backend
             low.value_and_grad(THETA)  # compiles
             try:
-                for _ in range(rounds):
-                    for mode in times:
+                for r in range(rounds):
+                    medians = {}
+                    for mode in modes[r % 3:] + modes[: r % 3]:
                         if mode == "not published":
                             backend._publish = lambda final=False: None
                         if mode == "page open":
                             page.open()
+                        times = []
                         for _ in range(repeats):
                             t0 = time.perf_counter()
                             low.value_and_grad(THETA)
-                            times[mode].append(time.perf_counter() - t0)
+                            times.append(time.perf_counter() - t0)
+                        medians[mode] = statistics.median(times)
                         if mode == "page open":
                             page.close()
                         if mode == "not published":
                             del backend._publish
+                    per_round.append(medians)
             finally:
                 page.stop()
             how = page.how
     finally:
         client.close()
         cluster.close()
-    medians = {mode: statistics.median(t) for mode, t in times.items()}
-    return medians, how
+    return per_round, how
 
 
 def _dashboard_rows(a):
     n = a.per_worker * 2
-    medians, how = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
-    closed = medians["page closed"]
-    rows = [{"state": mode, "workers": 2, "experiments": n, "wall_s": t, "vs_page_closed": t / closed - 1.0}
-            for mode, t in medians.items()]  # fmt: skip
-    print(f"\ndashboard cost (2 workers, {n} experiments, value+grad, median of {3 * a.dashboard_repeats}; page in {how}):")
-    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15}")
+    per_round, how = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
+    rows = []
+    for mode in per_round[0]:
+        ratios = [r[mode] / r["page closed"] - 1.0 for r in per_round]
+        rows.append({"state": mode, "workers": 2, "experiments": n,
+                     "wall_s": statistics.median(r[mode] for r in per_round),
+                     "vs_page_closed": statistics.median(ratios),  # paired by round: drifts cancel
+                     "vs_page_closed_min": min(ratios), "vs_page_closed_max": max(ratios)})  # fmt: skip
+    print(f"\ndashboard cost (2 workers, {n} experiments, value+grad; {len(per_round)} rounds of "
+          f"{a.dashboard_repeats} per state; page in {how}):")  # fmt: skip
+    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15} {'range over rounds':>20}")
     for r in rows:
-        print(f"{r['state']:>14} {r['wall_s'] * 1e3:>9.2f} {r['vs_page_closed'] * 100:>14.2f}%")
+        print(f"{r['state']:>14} {r['wall_s'] * 1e3:>9.2f} {r['vs_page_closed'] * 100:>14.2f}% "
+              f"{r['vs_page_closed_min'] * 100:>8.1f}% .. {r['vs_page_closed_max'] * 100:.1f}%")  # fmt: skip
     return rows, how
 
 
@@ -184,7 +195,7 @@ def main(argv=None):
     p.add_argument("--per-worker", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--dashboard-repeats", type=int, default=20)
+    p.add_argument("--dashboard-repeats", type=int, default=15)
     p.add_argument("--only-dashboard", action="store_true")
     p.add_argument("--page", choices=("chromium", "bokeh"), default="chromium",
                    help="what holds the page open (chromium falls back to a Bokeh session without Playwright)")
