@@ -193,7 +193,8 @@ def test_without_bokeh_the_routes_answer_and_the_line_says_how_to_get_the_page(m
             Client(cluster, set_as_default=False) as c:  # fmt: skip
         line = _dashboard.page_line(c)
         url = _dashboard.dashboard_url(c)
-        assert line == f"diffsoup page: {_dashboard.BOKEH_HINT} on the scheduler; meanwhile JSON at {url}/diffsoup/studies.json"
+        hint = f"diffsoup page: {_dashboard.BOKEH_HINT} on the scheduler; meanwhile JSON at {url}/diffsoup/studies.json"
+        assert line == hint
         assert _get(c, "/diffsoup/studies.json") == {"schema": "diffsoup.studies/1", "studies": {}}
         with pytest.raises(urllib.error.HTTPError, match="404"):
             _get(c, "/diffsoup/campaigns/0123abcd.json")

@@ -62,7 +62,7 @@ def _table(columns: tuple[str, ...], title: str, height: int = 180, widths: dict
 def page_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     """Build the page's Bokeh document (Dask's application signature: scheduler, template
     variables, document)."""
-    from bokeh.layouts import column
+    from bokeh.layouts import column, row
     from bokeh.models import ColumnDataSource, Div
     from bokeh.plotting import figure
 
@@ -87,13 +87,12 @@ def page_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     fall_fig = figure(height=260, sizing_mode="stretch_width", title="Waterfall: objective of each finished start",
                       x_axis_label="start (sorted)", y_axis_label="objective", name="diffsoup-waterfall",
                       tools="pan,wheel_zoom,box_zoom,reset,hover",
-                      tooltips=[("start", "@task"), ("objective", "@objective"), ("campaign", "@campaign")])  # fmt: skip
+                      tooltips=[("start", "@task"), ("objective", "@objective"),
+                                ("campaign", "@campaign")])  # fmt: skip
     fall_fig.scatter(x="rank", y="objective", source=fall_src, size=7, color="color")
 
     def heading(text: str) -> Div:
         return Div(text=f"<h3 style='margin:8px 0 2px 0'>{text}</h3>", sizing_mode="stretch_width")
-
-    from bokeh.layouts import row
 
     doc.add_root(column(
         Div(text="<h2 style='margin:4px 0'>diffsoup</h2>"), headline,

@@ -79,7 +79,7 @@ def clients_for(client: Any = None) -> list:
 
 def ensure_installed(client: Any) -> None:
     """Install diffsoup's routes and page on ``client``'s scheduler once (see ``_dashboard.install``)."""
-    if client in _INSTALLED:
+    if client in _INSTALLED or getattr(client, "asynchronous", False):  # an asynchronous client's run does it
         return
     _INSTALLED.add(client)
     from ._dashboard import install

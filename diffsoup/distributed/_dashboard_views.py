@@ -91,7 +91,8 @@ def campaign_tables(campaigns: dict[str, dict]) -> dict[str, dict[str, list]]:
     for cid, c in sorted(campaigns.items(), key=lambda kv: str(kv[1].get("started"))):
         counts = c.get("counts") or {}
         best = c.get("best")
-        rows.append((cid, c.get("name", ""), c.get("state", ""), int(c.get("tasks") or 0), int(counts.get("accepted", 0)),
+        rows.append((cid, c.get("name", ""), c.get("state", ""), int(c.get("tasks") or 0),
+                     int(counts.get("accepted", 0)),
                      int(counts.get("running", 0)), int(counts.get("queued", 0)), int(counts.get("failed", 0)),
                      float("nan") if best is None else float(best), int(c.get("at_best") or 0), c.get("ledger", ""),
                      c.get("updated", "")))  # fmt: skip
@@ -110,7 +111,8 @@ def ensemble_table(ensembles: dict[str, dict]) -> dict[str, list]:
     for eid, e in sorted(ensembles.items(), key=lambda kv: str(kv[1].get("started"))):
         status = Counter({k: int(v) for k, v in (e.get("status") or {}).items() if k != "SUCCESS"})
         rate = e.get("simulations_per_second")
-        rows.append((eid, e.get("store", ""), e.get("state", ""), int(e.get("chunks_done") or 0), int(e.get("chunks") or 0),
+        rows.append((eid, e.get("store", ""), e.get("state", ""), int(e.get("chunks_done") or 0),
+                     int(e.get("chunks") or 0),
                      int(e.get("simulations") or 0), float("nan") if rate is None else float(rate),
                      _statuses(status) or "none", e.get("updated", "")))  # fmt: skip
     return _columns(ENSEMBLE_COLUMNS, rows)
@@ -145,5 +147,6 @@ def summary_text(study: dict, campaigns: dict, ensembles: dict) -> str:
     for e in sorted(ensembles.values(), key=lambda e: str(e.get("started"))):
         rate = e.get("simulations_per_second")
         lines.append(f"<b>ensemble {e.get('store', '')}</b> ({e.get('state', '')}): {e.get('chunks_done', 0)} of "
-                     f"{e.get('chunks', 0)} chunks written" + (f", {rate:.4g} simulations/s" if rate else ""))  # fmt: skip
+                     f"{e.get('chunks', 0)} chunks written"
+                     + (f", {rate:.4g} simulations/s" if rate else ""))  # fmt: skip
     return "<br>".join(lines) or "No diffsoup run has published its state on this scheduler yet."
