@@ -11,7 +11,7 @@ Three kinds of runs publish, each under its own metadata key of the scheduler
 - ensembles written to Zarr (``("diffsoup", "ensembles", <id>)``, :func:`ensemble_reporter`).
 
 Publishing never slows a run: a :class:`Publisher` sends at most once per ``interval`` seconds
-(and at most ``1/50`` of the wall time: the interval grows with the cost of building a record),
+(building records takes at most 1 % of the wall time: the interval grows with their cost),
 asynchronously (the message is queued on the client's event loop; the run does not wait for the
 scheduler), and a change that arrives in between is sent once the interval has passed. The last
 state of a run (closed, finished) is sent at once and waited for, so the page ends on it.
@@ -39,7 +39,7 @@ ENSEMBLE_SCHEMA = "diffsoup.ensemble/1"
 
 INTERVAL = 0.5
 """Seconds between two sends of one run's state (at least; see :class:`Publisher`)."""
-COST_FACTOR = 50.0
+COST_FACTOR = 100.0
 """The interval is at least this many times the seconds building the last record took."""
 
 # Clients that published a study: a campaign run beside a study (a multistart fit whose study runs
