@@ -8,9 +8,9 @@ per task: the inputs never exist whole).
 Measured in the same run, every figure also a ratio against the in-process peer:
 
 * **in-process** (run before and after the Dask runs; the faster is the peer, so that a machine
-  whose load changes does not flatter Dask): ``jax.jit(jax.vmap(ds.simulate))`` on chunks of ``--chunk-size`` simulations in a
-  loop in one process (the same program the ensemble's tasks run; the inputs generated the same
-  way), results brought to host memory: simulations per second.
+  whose load changes does not flatter Dask): ``jax.jit(jax.vmap(ds.simulate))`` on chunks of
+  ``--draws-per-chunk`` simulations in a loop in one process (the same program the ensemble's tasks
+  run; the inputs generated the same way), results brought to host memory: simulations per second.
 * **Dask + Zarr**: ``ds.distributed.ensemble(...).to_zarr(store)`` on the embedded cluster
   (``ds.distributed.embedded_cluster``: ``--workers`` CPU worker processes here, one worker per
   GPU with ``--gpu``), into a new store: simulations per second over the whole write, after a
@@ -26,7 +26,7 @@ Measured in the same run, every figure also a ratio against the in-process peer:
 CPU (default): 100,000 simulations, 2 worker processes (1 and 2 workers are both run: one worker
 is the like-for-like comparison with the one in-process core). ``--quick``: 10,000 simulations.
 GPU (``--gpu``, on a machine with a CUDA jaxlib): 1,000,000 simulations on one GPU worker, chunks
-of ``--chunk-size`` (default 32,768 there); target: Dask + Zarr within 15 % of the in-process rate.
+of ``--draws-per-chunk`` (default 32,768 there); target: Dask + Zarr within 15 % of the in-process rate.
 
 Run:  .venv/bin/python benchmarks/bench_ensemble.py --quick     (about 2 minutes on 2 cores)
       .venv/bin/python benchmarks/bench_ensemble.py             (about 15 minutes on 2 busy cores)
@@ -153,12 +153,12 @@ def dask_run(problem, base, n, chunk, workers, gpu):
             # workers' compilation is not timed (as the in-process peer's is not).
             t0 = time.perf_counter()
             warm = ds.distributed.ensemble(problem, params=lazy_params(chunk * len(pids), chunk, base, seed=1),
-                                           t_eval=TIMES, chunk_size=chunk, client=client, **OPTIONS)  # fmt: skip
+                                           t_eval=TIMES, draws_per_chunk=chunk, client=client, **OPTIONS)  # fmt: skip
             warm.to_zarr(tmp / "warmup.zarr", client=client)
             warmup_s = time.perf_counter() - t0
             with PeakMemory([os.getpid(), *pids.values()]) as memory:
                 ens = ds.distributed.ensemble(problem, params=lazy_params(n, chunk, base), t_eval=TIMES,
-                                              chunk_size=chunk, client=client, **OPTIONS)  # fmt: skip
+                                              draws_per_chunk=chunk, client=client, **OPTIONS)  # fmt: skip
                 t0 = time.perf_counter()
                 with get_task_stream(client) as stream:
                     written = ens.to_zarr(tmp / "ensemble.zarr", client=client)
@@ -190,7 +190,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10,000 simulations (CPU)")
     parser.add_argument("--gpu", action="store_true", help="1,000,000 simulations on the GPU (one worker)")
     parser.add_argument("-n", type=int, help="simulations (default 100,000; --quick 10,000; --gpu 1,000,000)")
-    parser.add_argument("--chunk-size", type=int, help="simulations per chunk (default 1024; --gpu 32768)")
+    parser.add_argument("--draws-per-chunk", "--chunk-size", type=int, dest="draws_per_chunk",
+                        help="simulations per chunk (default 1024; --gpu 32768)")  # fmt: skip
     parser.add_argument("--workers", type=int, nargs="+", help="CPU worker counts (default 1 2)")
     parser.add_argument("--out", help="JSON output path")
     a = parser.parse_args()
@@ -200,7 +201,7 @@ def main() -> None:
     if a.gpu and jax.default_backend() != "gpu":
         raise SystemExit("bench_ensemble --gpu: JAX sees no GPU (install a CUDA jaxlib, unset JAX_PLATFORMS=cpu).")
     n = a.n or (1_000_000 if a.gpu else 10_000 if a.quick else 100_000)
-    chunk = a.chunk_size or (32_768 if a.gpu else 1024)
+    chunk = a.draws_per_chunk or (32_768 if a.gpu else 1024)
     worker_counts = [1] if a.gpu else (a.workers or [1, 2])
     machine = machine_info()
     problem, base = network()

@@ -6,7 +6,7 @@ the same simulations by scipy's solve_ivp (BDF, no gradient) one experiment at a
 
 A 20-species random mass-action network (``mass_action_network(20, 25)``), every species observed at
 4 times, rtol 1e-6. Times are per evaluation after compilation (the median of 3). One-at-a-time
-(``chunk_size=1``) and scipy are timed on at most 100 and 20 experiments and scaled linearly to N
+(``experiments_per_chunk=1``) and scipy are timed on at most 100 and 20 experiments and scaled linearly to N
 (their cost is a sum of independent per-experiment costs); the JSON marks those rows
 ``extrapolated_from``. Writes ``benchmarks/results/bench_fit.json`` and prints a table.
 """
@@ -63,7 +63,7 @@ def main(sizes):
     scipy_one(y0s[0])
     t_scipy_each = _median(lambda: [scipy_one(y) for y in y0s[:n_sp]], 1) / n_sp
     single_study = ds.Study(problem, exps[: min(100, n_max)], params)
-    single = ds.lower(single_study, solver=solver, chunk_size=1)
+    single = ds.lower(single_study, solver=solver, experiments_per_chunk=1)
     theta = single.nominal
     single.value_and_grad(theta)
     t_single_each = _median(lambda: single.value_and_grad(theta)) / len(single_study)

@@ -181,7 +181,7 @@ def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save):
     study = network_study(n)
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
     for chunk in [None, *chunk_sizes]:
-        lowered = ds.lower(study, solver=solver, chunk_size=chunk)
+        lowered = ds.lower(study, solver=solver, experiments_per_chunk=chunk)
         first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
         rows.append(dict(what="diffsoup", chunk_size=chunk or "default", chunks=lowered.chunk_sizes["value_and_grad"],
                          experiments=n, mode="value_and_grad", first_s=first, per_call_s=per_call))  # fmt: skip
@@ -279,7 +279,7 @@ def early_study(n: int, slow_every: int):
     return ds.Study(problem, exps, [Parameter("A", 3.4, 1.0, 10.0), Parameter("alpha", 10.0, 1.0, 100.0)])
 
 
-def part_early(n, rows, save, chunk_size=None):
+def part_early(n, rows, save, experiments_per_chunk=None):
     """Lock-step lanes: in study order every chunk holds slow lanes and runs as long as its slowest;
     after ``lowered.balance()`` (experiments sorted by the steps of one evaluation, no
     recompilation) the slow ones share chunks of their own."""
@@ -287,7 +287,7 @@ def part_early(n, rows, save, chunk_size=None):
     cases = (("all short", 0, False), ("a tenth 10x longer, study order", 10, False),
              ("a tenth 10x longer, balance()", 10, True))  # fmt: skip
     for label, slow_every, balanced in cases:
-        lowered = ds.lower(early_study(n, slow_every), solver=solver, chunk_size=chunk_size)
+        lowered = ds.lower(early_study(n, slow_every), solver=solver, experiments_per_chunk=experiments_per_chunk)
         if balanced:
             lowered.balance()
         first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
@@ -310,7 +310,8 @@ def main():
     parser.add_argument("--grids", nargs="+", type=int, help="Brusselator grids (default 8 16)")
     parser.add_argument("--diffrax-sizes", nargs="+", type=int, help="diffrax rows of the sweep (default 1000 10000)")
     parser.add_argument("--early-size", type=int, help="experiments of the early part (default 10000; --quick 40)")
-    parser.add_argument("--chunk-size", type=int, help="chunk size of the early part (default: ds.lower's choice)")
+    parser.add_argument("--experiments-per-chunk", "--chunk-size", type=int, dest="experiments_per_chunk",
+                        help="experiments per chunk of the early part (default: ds.lower's choice)")  # fmt: skip
     args = parser.parse_args()
     q = args.quick
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
@@ -323,7 +324,8 @@ def main():
                                        args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
         "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
         "dask": lambda *a: part_dask(20 if q else 10000, *a),
-        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a, chunk_size=args.chunk_size),
+        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a,
+                                        experiments_per_chunk=args.experiments_per_chunk),
     }
     for part in args.part:
         # Rows are written as they come: a device call cut short keeps what it measured.

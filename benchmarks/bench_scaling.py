@@ -40,10 +40,10 @@ What is measured (all in one run, every figure a ratio against a peer of the sam
   holding one slow experiment is that of a device holding only slow ones, so balancing can only pay
   with several chunks per device; ``--balance-chunks 1 2`` shows both.
 
-Chunks: ``ds.lower(chunk_size=)`` counts experiments per chunk over *all* devices (lanes per device
-= ``chunk_size / n``), so with the library default (256) every device's chunk shrinks as devices
+Chunks: ``ds.lower(experiments_per_chunk=)`` counts experiments per chunk over *all* devices (lanes per device
+= ``experiments_per_chunk / n``), so with the library default (256) every device's chunk shrinks as devices
 are added. For weak scaling at constant work per device this script passes
-``chunk_size = --chunk-per-device * n`` (default 256 per device); ``--chunk-per-device 0`` leaves
+``experiments_per_chunk = --chunk-per-device * n`` (default 256 per device); ``--chunk-per-device 0`` leaves
 the library default. The chunk sizes chosen are stored with every row.
 
 Platform: on CPU the script forces ``--host-devices`` host devices (``XLA_FLAGS=
@@ -181,7 +181,7 @@ def main(argv=None):
 
     def measure(count, n, label):
         t_lower = time.perf_counter()
-        low = ds.lower(study(count), layout=layout(n), solver=solver, chunk_size=chunk(n))
+        low = ds.lower(study(count), layout=layout(n), solver=solver, experiments_per_chunk=chunk(n))
         t_lower = time.perf_counter() - t_lower
         theta = low.nominal
         row = {"case": label, "devices": n, "experiments": count, "lower_s": t_lower, "modes": {}}
@@ -333,7 +333,7 @@ def _balance(ds, jnp, np, net, params, solver, layout, D, per_dev, a, repeats, t
         plain_t = None
         for bal in (False, True):
             t0 = time.perf_counter()
-            low = ds.lower(study, layout=layout(D, bal), solver=solver, chunk_size=lanes * D)
+            low = ds.lower(study, layout=layout(D, bal), solver=solver, experiments_per_chunk=lanes * D)
             loads = low.device_loads()  # plain: one value evaluation at the nominal point measures the steps
             setup = time.perf_counter() - t0
             steps = low.steps.copy()

@@ -112,7 +112,7 @@ def measure(path: str, problem, params, E: int, *, memory: bool, pack: bool) -> 
     first = None
     if pack:
         rec["pack_s"], first = pack_all(low)
-        rec["packed_bytes_per_experiment"] = sum(np.asarray(v).nbytes for v in first.values()) / DEFAULT_CHUNK
+        rec["packed_bytes_per_experiment"] = sum(np.asarray(v).nbytes for _, v in first.items()) / DEFAULT_CHUNK
     del study, low
     if memory:
         gc.collect()
@@ -160,7 +160,8 @@ def main():
         if E in object_sizes:
             orec, ofirst = measure("objects", problem, params, E, memory=E == min(object_sizes), pack=True)
             records.append(orec)
-            same = first.keys() == ofirst.keys() and all(np.array_equal(first[k], ofirst[k]) for k in first)
+            same = [n for n, _ in first.items()] == [n for n, _ in ofirst.items()] and all(
+                np.array_equal(x, y) for (_, x), (_, y) in zip(first.items(), ofirst.items()))
             checks[E] = same
             held = orec.get("held_bytes_per_experiment")
             print(f"objects E={E:>8}: build {orec['build_s']:.2f} s, lower {orec['lower_s']:.2f} s, pack "

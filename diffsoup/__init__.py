@@ -34,7 +34,14 @@ from . import linear as linear
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING
+
 from ._lazy import lazy_attributes
+
+if TYPE_CHECKING:  # for type checkers, IDEs and the API reference; at run time they load lazily
+    from .inference import Experiment as Experiment
+    from .inference import Study as Study
+    from .inference import lower as lower
 
 # The inference layer's names and the subpackages of the higher layers (and the heavier
 # dependencies they bring: scipy, fides, sympy, Dask, zarr) load on first access.

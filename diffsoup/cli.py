@@ -20,9 +20,11 @@ import os
 import sys
 from pathlib import Path
 
+# The one vocabulary of ds.inference.Fides(hessian=...) (a module that imports nothing).
+from .inference.fitting._hessians import FIDES_HESSIANS
+
 # diffsoup.inference.fitting._fit.METHODS, not imported here so that --help does not import JAX.
 FIT_METHODS = ("fides", "trf", "lbfgsb")
-HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")  # ds.inference.Fides(hessian=...)
 
 STUDY_HELP = ("the study file (TOML, format diffsoup-study/1 or /2; see the README's 'Study files'), or a PEtab v1 "
               "problem's YAML file")
@@ -76,10 +78,10 @@ def _cluster(args):
 
     if args.in_process:
         return contextlib.nullcontext((None, None))
-    from .distributed import cluster_client, read_profile
+    from .distributed import cluster_client, read_slurm_profile
 
     if args.slurm is not None:
-        shared = read_profile(args.slurm).shared_dir
+        shared = read_slurm_profile(args.slurm).shared_dir
         if shared is not None:
             # This command is the driver: it shares the workers' window-start store (the workers get
             # the same directory through their job script).
@@ -191,7 +193,8 @@ def _simulate_samples(args) -> int:
 
             print(f"[diffsoup] {dashboard_line(client)}")
         summary = simulate_samples(sf, args.out, samples=args.samples, sampler=args.sampler, seed=args.seed,
-                                   client=client, chunk_size=args.chunk_size, resume=not args.restart)  # fmt: skip
+                                   client=client, draws_per_chunk=args.draws_per_chunk,
+                                   resume=not args.restart)  # fmt: skip
     print(f"\n{summary['samples']} draws x {summary['experiments']} experiments simulated in {summary['seconds']:.1f} s "
           f"({', '.join(f'{k}: {v}' for k, v in summary['simulation_status'].items())}); "
           f"{summary['chunks_resumed']} of {summary['chunks']} chunks were already in the store")  # fmt: skip
@@ -279,7 +282,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
                    help="output directory (default ./diffsoup-results)")  # fmt: skip
     p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
-    p.add_argument("--hessian", choices=HESSIANS,
+    p.add_argument("--hessian", choices=FIDES_HESSIANS,
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
                    help="optimize scaling factors and offsets of observables and noise levels analytically at each "
@@ -298,6 +301,24 @@ def _add_where_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("--slurm", metavar="PROFILE", type=Path, help="a SLURM profile (TOML) for dask-jobqueue")
     where.add_argument("--in-process", action="store_true", help="run here, without Dask")
     p.add_argument("--workers", type=int, help="CPU workers of the embedded default (default 2)")
+
+
+# Flags renamed to say their unit (simulate --samples): deprecated name -> new name. The old one is
+# still read (with a warning on stderr) and not listed in --help.
+RENAMED_FLAGS = {"chunk_size": "draws_per_chunk"}
+
+
+def read_renamed_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Move the values of deprecated flags to their new names, warning on stderr; both is an error."""
+    for old, new in RENAMED_FLAGS.items():
+        if getattr(args, old, None) is None:
+            continue
+        flag, new_flag = "--" + old.replace("_", "-"), "--" + new.replace("_", "-")
+        if getattr(args, new, None) is not None:
+            parser.error(f"give {new_flag} only ({flag} is its deprecated name)")
+        print(f"diffsoup: warning: {flag} is deprecated; give {new_flag} (the same value).", file=sys.stderr)
+        setattr(args, new, getattr(args, old))
+        setattr(args, old, None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,8 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--sampler", choices=("lhs", "sobol"), default="lhs",
                           help="with --samples: Latin hypercube or Sobol' points (N a power of 2; default lhs)")  # fmt: skip
     simulate.add_argument("--seed", type=int, default=0, help="with --samples: fixes the draws (default 0)")
-    simulate.add_argument("--chunk-size", type=int, metavar="DRAWS",
-                          help="with --samples: draws per chunk (default: diffsoup.ensemble.chunk-size simulations)")  # fmt: skip
+    simulate.add_argument("--draws-per-chunk", type=int, metavar="DRAWS",
+                          help="with --samples: parameter draws per chunk (default: diffsoup.ensemble.chunk-size "
+                          "simulations' worth)")  # fmt: skip
+    # The deprecated name of --draws-per-chunk: still read (with a warning on stderr), not listed.
+    simulate.add_argument("--chunk-size", type=int, help=argparse.SUPPRESS)
     simulate.add_argument("--restart", action="store_true",
                           help="with --samples: replace OUT/simulation.zarr instead of finishing it")  # fmt: skip
     where = simulate.add_mutually_exclusive_group()
@@ -470,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     confidence = getattr(args, "confidence", 0.5)
     if not 0.0 < confidence < 1.0:
         parser.error(f"--confidence {confidence} must lie between 0 and 1 (0.95 for 95%)")
-    for name in ("starts", "workers", "experiments", "max_nfev", "samples", "chunk_size", "max_steps"):
+    read_renamed_flags(args, parser)
+    for name in ("starts", "workers", "experiments", "max_nfev", "samples", "draws_per_chunk", "max_steps"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -40,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
 
     study = ds.inference.load_study(args.study)
-    profile = ds.distributed.read_profile(args.profile)  # checked: errors name the file and the key
+    profile = ds.distributed.read_slurm_profile(args.profile)  # checked: errors name the file and the key
     if profile.shared_dir is not None:
         # This driver shares the window-start store and the compilation cache with its workers
         # (slurm_cluster passes shared_dir to the workers only, in their job script).

@@ -27,6 +27,7 @@ import jax
 jax.config.update("jax_enable_x64", True)  # diffsoup's default policy is float64
 
 import diffsoup as ds  # noqa: E402
+from diffsoup.cli import read_renamed_flags  # noqa: E402
 from distributed import Client  # noqa: E402
 
 
@@ -38,11 +39,16 @@ def main() -> int:
     parser.add_argument("--samples", type=int, required=True, help="parameter draws (sobol: a power of 2)")
     parser.add_argument("--sampler", choices=("lhs", "sobol"), default="lhs", help="Latin hypercube or Sobol' points")
     parser.add_argument("--seed", type=int, default=0, help="fixes the draws (keep it to resume)")
-    parser.add_argument("--chunk-size", type=int, help="draws per chunk (default: the setting diffsoup.ensemble.chunk-size)")
+    parser.add_argument("--draws-per-chunk", type=int,
+                        help="parameter draws per chunk (default: the setting diffsoup.ensemble.chunk-size, in "
+                        "simulations' worth)")  # fmt: skip
+    # The deprecated name of --draws-per-chunk: still read (with a warning on stderr), not listed.
+    parser.add_argument("--chunk-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    read_renamed_flags(args, parser)
 
     study = ds.inference.load_study(args.study)
-    profile = ds.distributed.read_profile(args.profile)  # checked: errors name the file and the key
+    profile = ds.distributed.read_slurm_profile(args.profile)  # checked: errors name the file and the key
     if profile.shared_dir is not None:
         # The driver shares the compilation cache with its workers (slurm_cluster passes shared_dir
         # to the workers only, in their job script).
@@ -54,7 +60,7 @@ def main() -> int:
         print(f"Dask dashboard: {client.dashboard_link}", flush=True)
         # The chunks wait for workers from the batch queue (simulate_samples waits for the first).
         summary = ds.workflows.simulate_samples(study, args.out, samples=args.samples, sampler=args.sampler,
-                                                seed=args.seed, client=client, chunk_size=args.chunk_size,
+                                                seed=args.seed, client=client, draws_per_chunk=args.draws_per_chunk,
                                                 progress=sys.stderr.isatty())
     cluster.close()
     print(f"ensemble: {summary['chunks_written']} chunks written in this allocation, {summary['chunks_resumed']} "

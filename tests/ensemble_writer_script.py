@@ -36,7 +36,7 @@ def build_ensemble():
     problem = net.to_spec(y0=np.linspace(1.0, 2.0, 6)).build()
     base = np.array(list(net.parameters.values()))
     params = base * 10 ** np.random.default_rng(7).uniform(-0.5, 0.5, (ROWS, base.size))
-    return ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=CHUNK, rtol=1e-8, atol=1e-10)
+    return ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=CHUNK, rtol=1e-8, atol=1e-10)
 
 
 def main() -> int:

@@ -105,7 +105,7 @@ def test_campaign_in_process_resumes_from_its_ledger(demo, tmp_path):
     first = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
     assert "2 of 2 starts accepted (0 from an earlier run)" in first.stdout
     ledger = json.loads((tmp_path / "campaign.json").read_text())
-    assert sorted(ledger["tasks"]) == ["start-000", "start-001"]
+    assert sorted(ledger["tasks"]) == ["start-0000", "start-0001"]
     again = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--max-nfev", 15, "--in-process")
     assert "2 of 2 starts accepted (2 from an earlier run)" in again.stdout
     other = diffsoup("campaign", out / "study.toml", "-o", tmp_path, "--starts", 2, "--seed", 9, "--in-process",
@@ -446,11 +446,14 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     """A campaign in this process finds the parameters optimized analytically once, before its
     tasks; a worker's tasks find them once per study and choice (not at every start), and a task
     ends where ``fit`` from the same point ends."""
-    from diffsoup.distributed import _start_runs
+    import pickle
+
+    from diffsoup.distributed import _lowered_cache, _start_runs
     from diffsoup.inference import fit
     from diffsoup.inference.fitting._fit import optimizer_of
     from diffsoup.inference.fitting._hierarchical import AnalyticParameters
-    from diffsoup.workflows import _study_runs, campaign_study, study_digest
+    from diffsoup.workflows import campaign_study, study_digest
+    from diffsoup.workflows._study_runs import StudyLowering
 
     study = write_decay_study(tmp_path)  # A, a scaling of the observable: optimized analytically when named
     real = AnalyticParameters.find.__func__
@@ -464,21 +467,67 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     summary = campaign_study(study, tmp_path / "campaign", starts=3, hierarchical=["A"], progress=False, plots=False,
                              log=lambda line: None)  # fmt: skip
     assert calls == [["A"]] and summary["analytic"] == ["A"]
-    # A worker process: the study is built by the first task, the parameters found once for both.
-    monkeypatch.setattr(_study_runs, "_LOWERED", {})
+    # A worker process (the task unpickled there, an empty cache): the study is lowered by the
+    # first task, the parameters found once for both.
+    monkeypatch.setattr(_lowered_cache, "LOWERED", _lowered_cache.LoweredCache())
     monkeypatch.setattr(_start_runs, "_ANALYTIC", [None, None, None])
     calls.clear()
-    task = _study_runs.FitStartTask(str(study.resolve()), optimizer_of("fides"), None)
-    digest = study_digest(study)
+    task = _start_runs.StartTask(StudyLowering(str(study.resolve()), study_digest(study)), optimizer_of("fides"),
+                                 seed=0, resample_failed_starts=0, analytic=["A"])  # fmt: skip
+    task = pickle.loads(pickle.dumps(task))
     points = [[0.5, -0.5], [1.5, -1.0]]
-    done = [task({"x0": p, "study_digest": digest, "hierarchical": ["A"]}) for p in points]
-    assert calls == [["A"]] and [d["built_here"] for d in done] == [True, False]
-    lowered = next(iter(_study_runs._LOWERED.values()))
+    done = [task({"index": i, "x0": p}) for i, p in enumerate(points)]
+    assert [list(c) for c in calls] == [["A"]] and [d["built_here"] for d in done] == [True, False]
+    lowered, built = _lowered_cache.lowered_from(task.lowered, task.fingerprint)
+    assert not built and _lowered_cache.LOWERED.lowerings == 1
     for p, d in zip(points, done):
         expected = fit(lowered, starts=np.array([p]), hierarchical=["A"]).starts[0]
         assert d["objective"] == pytest.approx(expected.objective, abs=1e-10)
         np.testing.assert_allclose(d["x"], expected.x, atol=1e-10)
         assert d["n_evaluations"] == expected.n_evaluations
+
+
+def test_campaign_reads_a_ledger_of_an_earlier_diffsoup_as_the_same_starts(tmp_path):
+    """A ledger whose starts an earlier diffsoup named ``start-000``, ``start-001`` (with the
+    fingerprints of its items) resumes: no start runs again and the fit is the same; the file is
+    rewritten with today's ids, the old one kept as a .bak. A record under an old id of another
+    start (another point) is a conflict, as it was."""
+    from diffsoup.inference.fitting._fit import optimizer_of, start_points
+    from diffsoup.store import Ledger, LedgerConflictError, fingerprint
+    from diffsoup.workflows import campaign_study, study_digest
+
+    study = write_decay_study(tmp_path / "study")
+    settings = dict(starts=2, seed=3, method="trf", max_nfev=10, hierarchical=False, progress=False, plots=False)
+    first = campaign_study(study, tmp_path / "new", log=lambda line: None, **settings)
+    done = Ledger.load(tmp_path / "new" / "campaign.json")
+    # The items of the earlier version, as it made them.
+    from diffsoup.formats import load_study
+
+    points = start_points(load_study(study).lower(), 2, 3)
+
+    def old_ledger(folder, moved=()):
+        records = {}
+        for i, p in enumerate(points):
+            x0 = [float(v) + (0.5 if i in moved else 0.0) for v in p]
+            item = {"task_id": f"start-{i:03d}", "x0": x0, "study_digest": study_digest(study),
+                    "optimizer": repr(optimizer_of("trf", max_nfev=10)), "hierarchical": False}  # fmt: skip
+            record = done.get(f"start-{i:04d}")
+            record["result"] = {k: v for k, v in record["result"].items() if k != "resampled"}  # not there before
+            records[item["task_id"]] = {**record, "task_id": item["task_id"], "fingerprint": fingerprint(item)}
+        folder.mkdir()
+        Ledger(folder / "campaign.json", function="diffsoup.workflows._study_runs.FitStartTask", tasks=records).save()
+
+    old_ledger(tmp_path / "old")
+    lines = []
+    again = campaign_study(study, tmp_path / "old", log=lines.append, **settings)
+    assert again["campaign"]["resumed"] == 2 and again["campaign"]["accepted"] == 2
+    assert again["objective"] == first["objective"] and again["parameters"] == first["parameters"]
+    assert sorted(json.loads((tmp_path / "old" / "campaign.json").read_text())["tasks"]) == ["start-0000", "start-0001"]
+    assert len(list((tmp_path / "old").glob("campaign.json.*.bak"))) == 1
+    assert any("start-000, ...): read as start-0000" in line for line in lines), lines
+    old_ledger(tmp_path / "moved", moved=(1,))
+    with pytest.raises(LedgerConflictError, match="recorded task 'start-0001' for a different item"):
+        campaign_study(study, tmp_path / "moved", log=lambda line: None, **settings)
 
 
 def fitted_decay_study(folder):
@@ -627,10 +676,26 @@ def test_fit_command_takes_fides_hessian_and_records_it(tmp_path):
                     check=False)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "fit.method: is 'trf'" in proc.stderr and "--method fides" in proc.stderr
-    from diffsoup.cli import HESSIANS
-    from diffsoup.inference.fitting._fides import HESSIANS as FIDES_HESSIANS
 
-    assert HESSIANS == FIDES_HESSIANS  # the command's --hessian choices are fides'
+
+
+def test_the_command_hessian_choices_are_the_optimizers():
+    """``--hessian`` offers exactly the Hessians ``ds.inference.Fides`` accepts (one vocabulary,
+    read by the command rather than copied), and each is accepted by Fides."""
+    import argparse
+
+    import diffsoup as ds
+    from diffsoup.cli import build_parser
+    from diffsoup.inference.fitting._hessians import FIDES_HESSIANS
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in ("fit", "campaign"):
+        (option,) = [a for a in commands.choices[command]._actions if "--hessian" in a.option_strings]
+        assert tuple(option.choices) == FIDES_HESSIANS == ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
+    for hessian in FIDES_HESSIANS:
+        assert ds.inference.Fides(hessian=hessian).hessian == hessian
+    with pytest.raises(ValueError, match="hessian='newton' must be one of"):
+        ds.inference.Fides(hessian="newton")
 
 
 def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
@@ -661,3 +726,28 @@ def test_fit_and_campaign_commands_fit_hierarchically(tmp_path):
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'k' cannot be optimized analytically" in proc.stderr
     assert not (tmp_path / "k-campaign" / "campaign.json").exists()
+
+
+def test_chunk_size_flag_is_the_deprecated_name_of_draws_per_chunk(tmp_path, capsys):
+    """``simulate --samples N --chunk-size K`` still works: it warns on stderr naming
+    ``--draws-per-chunk`` and sets the same value; it is not listed in --help; both flags at once
+    is a usage error."""
+    from diffsoup.cli import build_parser, read_renamed_flags
+
+    parser = build_parser()
+    study = str(tmp_path / "study.toml")
+    new = parser.parse_args(["simulate", study, "--samples", "8", "--draws-per-chunk", "3"])
+    read_renamed_flags(new, parser)
+    assert capsys.readouterr().err == ""
+    old = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3"])
+    read_renamed_flags(old, parser)
+    assert "--chunk-size is deprecated; give --draws-per-chunk" in capsys.readouterr().err
+    assert vars(old) == vars(new) and new.draws_per_chunk == 3
+    both = parser.parse_args(["simulate", study, "--samples", "8", "--chunk-size", "3", "--draws-per-chunk", "3"])
+    with pytest.raises(SystemExit):
+        read_renamed_flags(both, parser)
+    assert "give --draws-per-chunk only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    shown = capsys.readouterr().out
+    assert "--draws-per-chunk" in shown and "--chunk-size" not in shown

@@ -26,16 +26,16 @@ def test_profile_errors_name_the_key(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text("[slurm]\ncores = 2\nproceses = 2\n")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['proceses'\]"):
-        ds.distributed.read_profile(path)
+        ds.distributed.read_slurm_profile(path)
     with pytest.raises(ValueError, match="slurm.gpus = 3 is not a multiple of slurm.processes = 2"):
-        ds.distributed.read_profile({"slurm": {"processes": 2, "cores": 2, "gpus": 3}})
+        ds.distributed.read_slurm_profile({"slurm": {"processes": 2, "cores": 2, "gpus": 3}})
     with pytest.raises(ValueError, match="slurm.cores = 1 is fewer than slurm.processes = 2"):
-        ds.distributed.read_profile({"processes": 2, "cores": 1})
+        ds.distributed.read_slurm_profile({"processes": 2, "cores": 1})
     with pytest.raises(ValueError, match="slurm.memory"):
-        ds.distributed.read_profile({"memory": 4})
+        ds.distributed.read_slurm_profile({"memory": 4})
     path.write_text("[slurm\n")
     with pytest.raises(ValueError, match="not valid TOML"):
-        ds.distributed.read_profile(path)
+        ds.distributed.read_slurm_profile(path)
 
 
 def test_example_profile_reads_and_gives_a_gpu_job_script(tmp_path, monkeypatch):
@@ -43,7 +43,7 @@ def test_example_profile_reads_and_gives_a_gpu_job_script(tmp_path, monkeypatch)
 
     monkeypatch.delenv("DIFFSOUP_CACHE_DIR", raising=False)
     example = Path(__file__).resolve().parents[1] / "jobs" / "profile.example.toml"
-    profile = ds.distributed.read_profile(example)
+    profile = ds.distributed.read_slurm_profile(example)
     assert profile.gpus == 2 and profile.processes == 2
     cluster = ds.distributed.slurm_cluster(example, shared_dir=str(tmp_path / "shared"), minimum_jobs=0,
                                            maximum_jobs=0)  # fmt: skip
@@ -88,7 +88,7 @@ def test_profile_unknown_keys_name_the_nearest_known_key(tmp_path):
     path = tmp_path / "site.toml"
     path.write_text('[slurm]\nwalltim = "01:00:00"\nmax_jobs = 4\nfoo = 1\n')
     with pytest.raises(ValueError) as info:
-        ds.distributed.read_profile(path)
+        ds.distributed.read_slurm_profile(path)
     text = str(info.value)
     assert text.startswith(f"SLURM profile {path}: unknown key(s) ['foo', 'max_jobs', 'walltim']")
     assert "'walltim': did you mean 'walltime'?" in text and "'max_jobs': did you mean 'maximum_jobs'?" in text
@@ -97,7 +97,7 @@ def test_profile_unknown_keys_name_the_nearest_known_key(tmp_path):
     with pytest.raises(ValueError, match=overrides):
         ds.distributed.slurm_cluster({"gpus": 0}, gpu=1)
     with pytest.raises(TypeError, match="a mapping or a TOML file, not int"):
-        ds.distributed.read_profile(42)
+        ds.distributed.read_slurm_profile(42)
 
 
 def test_profile_is_frozen_and_its_lists_are_tuples():
@@ -109,8 +109,15 @@ def test_profile_is_frozen_and_its_lists_are_tuples():
     assert profile.job_cores == 2  # cores left out: one per worker process
     with pytest.raises(dataclasses.FrozenInstanceError):
         profile.gpus = 8
-    assert ds.distributed.read_profile(profile) is profile
+    assert ds.distributed.read_slurm_profile(profile) is profile
     assert profile.replace(processes=4, gpus=4).job_cores == 4
+
+
+def test_read_profile_is_a_deprecated_name_of_read_slurm_profile():
+    table = {"slurm": {"processes": 2, "gpus": 2, "memory": "8GB"}}
+    with pytest.warns(DeprecationWarning, match="read_slurm_profile"):
+        old = ds.distributed.read_profile(table)
+    assert old == ds.distributed.read_slurm_profile(table)
 
 
 def test_profile_defaults_come_from_the_diffsoup_slurm_settings():
@@ -124,7 +131,7 @@ def test_profile_defaults_come_from_the_diffsoup_slurm_settings():
     site = {"diffsoup.slurm.memory": "96GB", "diffsoup.slurm.queue": "h200", "diffsoup.slurm.maximum-jobs": 8,
             "diffsoup.slurm.job-extra": ["--qos=long"], "diffsoup.cluster.resources": {"GPU": 1, "LANE": 2}}  # fmt: skip
     with dask.config.set(site):
-        profile = ds.distributed.read_profile({"slurm": {"memory": "8GB", "gpus": 1}})
+        profile = ds.distributed.read_slurm_profile({"slurm": {"memory": "8GB", "gpus": 1}})
         options = jobqueue_options(profile)
     assert profile.memory == "8GB"  # the profile's own key wins
     assert (profile.queue, profile.maximum_jobs, profile.job_extra) == ("h200", 8, ("--qos=long",))

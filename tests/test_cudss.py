@@ -116,6 +116,16 @@ def test_prepare_where_cudss_cannot_run_says_what_is_missing():
     assert not ds.linear.has_cudss()
 
 
+def test_handler_source_is_packaged_beside_the_module_under_its_own_name():
+    """The C++ source lives in ``linear/_cudss_ffi/``: no folder shares a name with a module (an
+    ``X.py`` beside an ``X/`` makes ``import X`` ambiguous to read), and package data names it."""
+    assert build.SOURCE.is_file() and build.SOURCE.parent.name == "_cudss_ffi"
+    package = ROOT / "diffsoup"
+    clashes = [str(p.relative_to(ROOT)) for p in package.rglob("*.py") if p.with_suffix("").is_dir()]
+    assert clashes == []
+    assert '"diffsoup.linear" = ["_cudss_ffi/*.cu"]' in (ROOT / "pyproject.toml").read_text()
+
+
 # ---- the handler compiles (CPU; CI has nvcc and the wheel's headers) -------------------------------
 
 

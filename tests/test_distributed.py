@@ -20,7 +20,7 @@ import pytest
 
 import diffsoup as ds
 from diffsoup import distributed as dd
-from diffsoup.distributed import _run, _runtime
+from diffsoup.distributed import _lowered_cache, _run, _runtime
 from diffsoup.inference import fit
 from diffsoup.inference.objective._abstract_lowered import AbstractLoweredStudy
 
@@ -162,7 +162,7 @@ def test_fit_through_run_on_3_workers_equals_in_process_fit(cluster, study_and_r
     assert abs(res.objective - ref.objective) < 1e-10
     assert res.n_evaluations == ref.n_evaluations
     # the shards were released on leaving the block
-    assert sum(cluster.run(lambda: len(_run._SHARDS)).values()) == 0
+    assert sum(cluster.run(lambda: len(_lowered_cache.LOWERED)).values()) == 0
 
 
 @pytest.mark.slow

@@ -57,7 +57,7 @@ def test_a_problem_ensemble_equals_simulate_row_by_row_for_numpy_and_dask_inputs
 
     problem, params, y0s = network
     ref, ref_status = _one_by_one(problem, params, rtol=1e-8, atol=1e-10)
-    ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=8, rtol=1e-8, atol=1e-10)
+    ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=8, rtol=1e-8, atol=1e-10)
     assert ens.shape == ens.values.shape == (22, 5, 6) and ens.status.shape == (22,)
     assert ens.values.chunks[0] == (8, 8, 6) and ens.dims == ("experiment", "time", "output")
     lazy_values, lazy_status = ens  # unpacks as the two lazy arrays
@@ -72,7 +72,7 @@ def test_a_problem_ensemble_equals_simulate_row_by_row_for_numpy_and_dask_inputs
 
     ref, _ = _one_by_one(problem, params, y0s, observed, rtol=1e-8, atol=1e-10)
     ens = ds.distributed.ensemble(problem, params=da.from_array(params, chunks=(5, 4)), y0=da.from_array(y0s, chunks=7),
-                                  t_eval=TIMES, observables=observed, output_names=("AB", "scaled"), chunk_size=8,
+                                  t_eval=TIMES, observables=observed, output_names=("AB", "scaled"), draws_per_chunk=8,
                                   rtol=1e-8, atol=1e-10)  # fmt: skip
     values, status = ens.compute()
     np.testing.assert_allclose(values, ref, rtol=1e-12, atol=1e-12)
@@ -100,10 +100,10 @@ def test_the_chunk_size_setting_sets_the_chunks(network):
         ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES)
         draws = ds.distributed.sample(_box(), 32, seed=0)
     assert ens.values.chunks[0] == (10, 10, 2) and draws.chunks[0] == (10, 10, 10, 2)
-    assert ds.distributed.ensemble(problem, params=params, t_eval=TIMES).chunk_size == 1024  # shipped default
+    assert ds.distributed.ensemble(problem, params=params, t_eval=TIMES).draws_per_chunk == 1024  # shipped default
     study = _decay_study()
     with dask.config.set({"diffsoup.ensemble.chunk-size": 9}):  # a study's chunks: that many simulations' worth
-        assert ds.distributed.ensemble(study, params=np.ones((5, 1))).chunk_size == 4
+        assert ds.distributed.ensemble(study, params=np.ones((5, 1))).draws_per_chunk == 4
 
 
 def test_bad_input_names_the_field(network):
@@ -116,10 +116,40 @@ def test_bad_input_names_the_field(network):
         ds.distributed.ensemble(problem, params=params[:, :1], parameter_names=("nope",), t_eval=TIMES)
     with pytest.raises(TypeError, match=r"unknown ds.simulate option\(s\) \['rtoll'\]"):
         ds.distributed.ensemble(problem, params=params, t_eval=TIMES, rtoll=1e-3)
-    with pytest.raises(ValueError, match="chunk_size=0 must be a positive integer"):
-        ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=0)
+    with pytest.raises(ValueError, match="draws_per_chunk=0 must be a positive integer"):
+        ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=0)
     with pytest.raises(TypeError, match="built ds.Problem"):
         ds.distributed.ensemble(problem.spec, params=params, t_eval=TIMES)
+
+
+def test_chunk_size_is_the_deprecated_name_of_draws_per_chunk_and_rows_per_chunk(network):
+    """``chunk_size=`` of ensemble and sample (now ``draws_per_chunk=``) and of saltelli (now
+    ``rows_per_chunk=``), and the ``chunk_size`` attributes, warn naming the new name and give the
+    same chunks and numbers; both names at once are refused."""
+    problem, params, _ = network
+    new = ds.distributed.ensemble(problem, params=params[:6], t_eval=TIMES, draws_per_chunk=4)
+    with pytest.warns(DeprecationWarning, match="ensemble: chunk_size= is deprecated; give draws_per_chunk="):
+        old = ds.distributed.ensemble(problem, params=params[:6], t_eval=TIMES, chunk_size=4)
+    assert old.values.chunks == new.values.chunks and old.layout.fingerprint == new.layout.fingerprint
+    np.testing.assert_array_equal(old.compute()[0], new.compute()[0])
+    with pytest.warns(DeprecationWarning, match="Ensemble.chunk_size is deprecated; read Ensemble.draws_per_chunk"):
+        assert old.chunk_size == new.draws_per_chunk == 4
+    with pytest.raises(TypeError, match="give draws_per_chunk= only"):
+        ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=4, chunk_size=4)
+
+    with pytest.warns(DeprecationWarning, match="sample: chunk_size= is deprecated; give draws_per_chunk="):
+        old = ds.distributed.sample(_box(), 16, seed=2, chunk_size=5)
+    new = ds.distributed.sample(_box(), 16, seed=2, draws_per_chunk=5)
+    assert old.chunks == new.chunks == ((5, 5, 5, 1), (3,)) and old.name == new.name
+    np.testing.assert_array_equal(old.compute(), new.compute())
+
+    with pytest.warns(DeprecationWarning, match="saltelli: chunk_size= is deprecated; give rows_per_chunk="):
+        old = ds.distributed.saltelli(_box(), 8, seed=2, chunk_size=12)
+    new = ds.distributed.saltelli(_box(), 8, seed=2, rows_per_chunk=12)
+    assert old.rows_per_chunk == new.rows_per_chunk == 10  # whole draws of d + 2 = 5 rows
+    np.testing.assert_array_equal(old.params.compute(), new.params.compute())
+    with pytest.warns(DeprecationWarning, match="SaltelliDesign.chunk_size is deprecated"):
+        assert old.chunk_size == 10
 
 
 def test_a_dask_input_larger_than_a_chunk_stays_lazy_until_computed(network):
@@ -133,7 +163,7 @@ def test_a_dask_input_larger_than_a_chunk_stays_lazy_until_computed(network):
         return block
 
     lazy = da.from_array(params, chunks=(4, 8)).map_blocks(rows, dtype=np.float64)
-    ens = ds.distributed.ensemble(problem, params=lazy, t_eval=TIMES, chunk_size=4)
+    ens = ds.distributed.ensemble(problem, params=lazy, t_eval=TIMES, draws_per_chunk=4)
     values, status = ens.values, ens.status
     assert ens.values.numblocks[0] == 6 and evaluated == []
     program = _ensemble._PROGRAMS[next(reversed(_ensemble._PROGRAMS))]
@@ -157,7 +187,7 @@ def _blow_up_problem():
 def test_failures_are_status_values_not_failed_chunks():
     problem = _blow_up_problem()
     k = np.array([[0.05], [0.1], [0.5], [0.2], [2.0], [0.01]])
-    ens = ds.distributed.ensemble(problem, params=k, t_eval=TIMES, chunk_size=4)
+    ens = ds.distributed.ensemble(problem, params=k, t_eval=TIMES, draws_per_chunk=4)
     values, status = ens.compute(scheduler="sync")
     _, ref_status = _one_by_one(problem, k)
     assert np.array_equal(status, ref_status)
@@ -178,7 +208,7 @@ def test_to_zarr_writes_a_store_xarray_reads_labelled(network, tmp_path):
 
     problem = _blow_up_problem()
     k = np.array([[0.05], [0.1], [0.5], [0.2], [2.0], [0.01], [0.03]])
-    ens = ds.distributed.ensemble(problem, params=k, t_eval=TIMES, chunk_size=3)
+    ens = ds.distributed.ensemble(problem, params=k, t_eval=TIMES, draws_per_chunk=3)
     values, status = ens.compute(scheduler="sync")
     seen = []
     written = ens.to_zarr(tmp_path / "e.zarr", progress=lambda done, total: seen.append((done, total)))
@@ -200,7 +230,7 @@ def test_to_zarr_writes_a_store_xarray_reads_labelled(network, tmp_path):
     # A second write finds nothing to do; another ensemble at the same path is refused.
     again = ens.to_zarr(tmp_path / "e.zarr")
     assert (again.run, again.written, again.complete) == (0, 0, True)
-    other = ds.distributed.ensemble(problem, params=k[:6], t_eval=TIMES, chunk_size=3)
+    other = ds.distributed.ensemble(problem, params=k[:6], t_eval=TIMES, draws_per_chunk=3)
     with pytest.raises(ValueError, match="holds another ensemble"):
         other.to_zarr(tmp_path / "e.zarr")
     with pytest.raises(FileExistsError, match="overwrite=True"):
@@ -273,7 +303,7 @@ def test_chunks_run_on_workers_offering_the_gpu_resource_and_compile_once(networ
         with Client(cluster, set_as_default=False) as client:
             names = {info["name"]: addr for addr, info in client.scheduler_info(n_workers=-1)["workers"].items()}
             assert _ensemble.ensemble_resources(None, client) == {"GPU": 1}
-            ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=4, client=client)
+            ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=4, client=client)
             with get_task_stream(client) as stream:
                 values, status = ens.compute(client=client)
             solved = {t["worker"] for t in stream.data if "diffsoup-ensemble" in str(t["key"])}
@@ -317,7 +347,7 @@ def test_writes_run_beside_the_next_solve_while_solves_take_turns_on_the_gpu(net
                           asynchronous=False)  # fmt: skip
     try:
         with Client(cluster, set_as_default=False) as client:
-            ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=4, client=client)
+            ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=4, client=client)
             assert ens.resources == {"GPU": 1}
             with get_task_stream(client) as stream:
                 written = ens.to_zarr(tmp_path / "overlap.zarr", client=client)
@@ -347,7 +377,7 @@ def test_to_zarr_on_the_embedded_cluster_of_worker_processes(network, tmp_path):
 
     problem, params, _ = network
     with ds.distributed.cluster_client(n_workers=2) as (client, _dashboard):
-        ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, chunk_size=4, client=client)
+        ens = ds.distributed.ensemble(problem, params=params, t_eval=TIMES, draws_per_chunk=4, client=client)
         written = ens.to_zarr(tmp_path / "c.zarr", client=client)
     assert (written.chunks, written.written, written.complete) == (6, 6, True)
     x = xr.open_zarr(tmp_path / "c.zarr")
@@ -373,7 +403,7 @@ def test_latin_hypercube_draws_one_point_per_stratum_on_each_scale():
     np.testing.assert_allclose(box.unit(x), unit, rtol=1e-12, atol=1e-15)
     for column in unit.T:  # exactly one draw in each of the n strata
         assert sorted(np.floor(column * n).astype(int)) == list(range(n))
-    lazy = ds.distributed.sample(_box(), n, method="lhs", seed=3, chunk_size=10)
+    lazy = ds.distributed.sample(_box(), n, method="lhs", seed=3, draws_per_chunk=10)
     assert lazy.chunks[0] == (10, 10, 10, 7)
     np.testing.assert_array_equal(lazy.compute(), x)
     assert not np.array_equal(ds.inference.latin_hypercube(_box(), n, seed=4), x)
@@ -386,10 +416,10 @@ def test_sobol_draws_are_scipys_sequence_in_any_chunking():
     unit = qmc.Sobol(3, scramble=True, rng=np.random.default_rng(5)).random(64)
     expected = box.values(unit)
     np.testing.assert_allclose(ds.inference.sobol(_box(), 64, seed=5), expected, rtol=1e-13)
-    lazy = ds.distributed.sample(_box(), 64, method="sobol", seed=5, chunk_size=24)
+    lazy = ds.distributed.sample(_box(), 64, method="sobol", seed=5, draws_per_chunk=24)
     assert lazy.chunks[0] == (24, 24, 16)
     np.testing.assert_allclose(lazy.compute(), expected, rtol=1e-13)
-    again = ds.distributed.sample(_box(), 64, method="sobol", seed=5, chunk_size=24)
+    again = ds.distributed.sample(_box(), 64, method="sobol", seed=5, draws_per_chunk=24)
     assert again.name == lazy.name  # the same draws are the same array (a rerun resumes its store)
     with pytest.raises(ValueError, match="n=100 is not. Give n=64 or n=128"):
         ds.distributed.sample(_box(), 100, method="sobol")
@@ -414,10 +444,10 @@ def test_sobol_indices_of_the_ishigami_function_within_sampling_error():
 
     P = ds.inference.Parameter
     box = [P(f"x{i}", lower=-math.pi, upper=math.pi, scale="lin") for i in (1, 2, 3)]
-    design = ds.distributed.saltelli(box, 2**12, seed=11, chunk_size=1000)
-    assert design.chunk_size % 5 == 0 and design.params.shape == (5 * 2**12, 3)
+    design = ds.distributed.saltelli(box, 2**12, seed=11, rows_per_chunk=1000)
+    assert design.rows_per_chunk % 5 == 0 and design.params.shape == (5 * 2**12, 3)
     ens = ds.distributed.ensemble(_ishigami_problem(), params=design.params, parameter_names=design.names,
-                                  t_eval=[1.0], chunk_size=1024)  # fmt: skip (not whole draws: rechunked)
+                                  t_eval=[1.0], draws_per_chunk=1024)  # fmt: skip (not whole draws: rechunked)
     with dask.config.set(scheduler="sync"):
         s = ds.distributed.sobol_indices(ens, design).compute()
     a, b = 7.0, 0.1
@@ -460,8 +490,8 @@ def test_a_study_ensemble_gives_each_experiments_observables_at_each_draw(tmp_pa
     import xarray as xr
 
     study = _decay_study()
-    draws = ds.distributed.sample(study, 6, method="lhs", seed=1, chunk_size=4)
-    ens = ds.distributed.ensemble(study, params=draws, chunk_size=4,
+    draws = ds.distributed.sample(study, 6, method="lhs", seed=1, draws_per_chunk=4)
+    ens = ds.distributed.ensemble(study, params=draws, draws_per_chunk=4,
                                   solver=ds.inference.SolverOptions(rtol=1e-10, atol=1e-12))  # fmt: skip
     assert ens.parameter_names == ("k",) and ens.dims == ("draw", "experiment", "time_index", "observable")
     values, status = ens.compute()
@@ -490,7 +520,7 @@ def test_simulate_samples_writes_a_resumable_ensemble_of_a_study_file(tmp_path):
 
     path = write_demo_study(tmp_path / "study", n_experiments=2)
     lines = []
-    summary = simulate_samples(path, tmp_path / "out", samples=4, seed=2, chunk_size=2, progress=False,
+    summary = simulate_samples(path, tmp_path / "out", samples=4, seed=2, draws_per_chunk=2, progress=False,
                                log=lines.append)  # fmt: skip
     assert summary["chunks"] == 2 and summary["chunks_written"] == 2 and summary["complete"]
     assert summary["simulation_status"] == {"SUCCESS": 8} and summary["results"] == "simulation.zarr"
@@ -498,5 +528,11 @@ def test_simulate_samples_writes_a_resumable_ensemble_of_a_study_file(tmp_path):
     x = xr.open_zarr(tmp_path / "out" / "simulation.zarr")
     assert x["observables"].shape == (4, 2, x.sizes["time_index"], 3)
     assert x["observable"].values.tolist() == ["S", "P", "bound"]
-    again = simulate_samples(path, tmp_path / "out", samples=4, seed=2, chunk_size=2, progress=False, log=lines.append)
+    again = simulate_samples(path, tmp_path / "out", samples=4, seed=2, draws_per_chunk=2, progress=False,
+                             log=lines.append)  # fmt: skip
     assert again["chunks_written"] == 0 and again["chunks_resumed"] == 2
+    # chunk_size= (the deprecated name) warns and means the same chunks: the store resumes whole.
+    with pytest.warns(DeprecationWarning, match="chunk_size= is deprecated; give draws_per_chunk="):
+        old = simulate_samples(path, tmp_path / "out", samples=4, seed=2, chunk_size=2, progress=False,
+                               log=lines.append)  # fmt: skip
+    assert old["chunks_written"] == 0 and old["chunks_resumed"] == 2

@@ -8,7 +8,7 @@ import pytest
 import diffsoup as ds
 from diffsoup.examples import mass_action_network
 from diffsoup.inference import Gaussian, Parameter, SolverOptions, fit
-from diffsoup.inference.fitting._starts import latin_hypercube
+from diffsoup.inference.fitting._starts import start_points
 
 
 def _synthetic(problem, conditions, times, truth, sigma, rng, **exp_kwargs):
@@ -114,14 +114,31 @@ def test_failed_solves_are_recorded_and_the_fit_goes_on(method):
     assert np.all(np.abs(_z_scores(result, true_theta)) < 4)
 
 
-def test_latin_hypercube_within_bounds_one_point_per_stratum():
-    lo, hi = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 5.0, 3.0])
-    pts = latin_hypercube(lo, hi, 8, seed=3)
-    assert pts.shape == (8, 3) and np.all(pts >= lo) and np.all(pts <= hi)
-    strata = np.floor((pts - lo) / (hi - lo) * 8).astype(int)
+def test_start_points_are_the_public_latin_hypercube_on_the_scaled_bounds():
+    """Start points: one point per stratum within the (scaled) bounds, bit for bit the formula
+    multistarts always used (scipy's LatinHypercube mapped onto the bounds) and the draws of the
+    public ``ds.inference.latin_hypercube`` from a box of the same bounds on the linear scale; an
+    unbounded coordinate (a window start) keeps its prepared value and takes no column of the
+    hypercube."""
+    from types import SimpleNamespace
+
+    from scipy.stats import qmc
+
+    lo, hi = np.array([-1.0, 0.0, -np.inf, 2.0]), np.array([1.0, 5.0, np.inf, 3.0])
+    lowered = SimpleNamespace(lower=lo, upper=hi, nominal=np.array([0.5, 1.0, 7.0, 2.5]))
+    pts = start_points(lowered, 8, seed=3)
+    assert pts.shape == (8, 4) and np.all(pts[:, 2] == 7.0)
+    bounded = [0, 1, 3]
+    old = lo[bounded] + qmc.LatinHypercube(3, rng=np.random.default_rng(3)).random(8) * (hi[bounded] - lo[bounded])
+    np.testing.assert_array_equal(pts[:, bounded], old)
+    box = ds.inference.ParameterBox(("a", "b", "c"), lo[bounded], hi[bounded], ("lin",) * 3)
+    np.testing.assert_array_equal(pts[:, bounded], ds.inference.latin_hypercube(box, 8, seed=3))
+    assert np.all(pts[:, bounded] >= lo[bounded]) and np.all(pts[:, bounded] <= hi[bounded])
+    strata = np.floor((pts[:, bounded] - lo[bounded]) / (hi[bounded] - lo[bounded]) * 8).astype(int)
     for j in range(3):
         assert sorted(strata[:, j]) == list(range(8))
-    np.testing.assert_array_equal(pts, latin_hypercube(lo, hi, 8, seed=3))
+    np.testing.assert_array_equal(pts, start_points(lowered, 8, seed=3))
+    assert start_points(lowered, 0, seed=3).shape == (0, 4)
 
 
 def test_fit_rejects_bad_options():

@@ -116,7 +116,7 @@ def test_a_noise_level_is_optimized_to_its_closed_form_value():
 def test_the_default_leaves_noise_levels_to_the_optimizer_where_the_jacobian_would_be_large(monkeypatch):
     """Analytic noise levels bring the residuals' Jacobian to the host at each evaluation: the
     default takes them only up to ``DEFAULT_MAX_JACOBIAN_ENTRIES`` entries; named, they are taken."""
-    from diffsoup.inference import _hierarchical
+    from diffsoup.inference.fitting import _hierarchical
 
     low = ds.lower(decay_study(0, estimate_sigma=True), solver=SOLVER)
     entries = 2 * low.problem.study.n_measured * low.problem.n_theta

@@ -151,3 +151,19 @@ def test_cli_help_and_bad_arguments():
     bad = subprocess.run([sys.executable, "-m", "diffsoup", "demo", "--grid", "2"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "--grid must be at least 4" in bad.stderr
+
+
+def test_the_lazy_names_are_declared_for_type_checkers_too():
+    """Every name ``ds.inference`` loads lazily from its own rooms is repeated under ``if
+    TYPE_CHECKING:`` from the same module (type checkers, IDEs and the API reference read those)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "diffsoup" / "inference" / "__init__.py").read_text()
+    lazy = set(re.findall(r'"(\w+)": "diffsoup\.inference\.(fitting\.\w+)"', source))
+    checked = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            checked |= {(a.asname, imp.module) for imp in node.body if isinstance(imp, ast.ImportFrom) for a in imp.names}
+    assert lazy and lazy == checked

@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "diffsoup._settings": 0,
     "diffsoup._lazy": 0,
     "diffsoup._compilation_cache": 0,
+    "diffsoup._deprecated": 0,  # renamed keywords kept as deprecated aliases
     "diffsoup._precision": 1,
     "diffsoup._layout": 1,
     "diffsoup.linear": 2,
@@ -444,3 +445,29 @@ def test_lazy_names_resolve_to_their_defining_modules():
         """
     )
     assert "diffsoup.formats._study_file" in loaded and "diffsoup.distributed" in loaded
+
+
+# Files over the line limit that other engineers are still splitting (issue 38), with their length
+# when this list was written. The list only shrinks: a file that is split, or falls under the
+# limit, must leave it (the test below says so); no file joins it.
+LINE_LIMIT = 600
+OVER_LINE_LIMIT: dict[str, int] = {
+    "diffsoup/inference/objective/_lower.py": 941,
+    "diffsoup/inference/study/_study.py": 740,
+    "diffsoup/inference/fitting/_hierarchical.py": 615,
+    "diffsoup/distributed/_run.py": 668,
+    "diffsoup/linear/_cudss_ffi/diffsoup_cudss.cu": 931,  # the cuDSS binding (C++/CUDA)
+}
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp")
+
+
+def test_no_source_file_is_longer_than_the_limit():
+    lengths = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in sorted(PACKAGE.rglob("*"))
+        if path.is_file() and path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts
+    }
+    too_long = {p: n for p, n in lengths.items() if n > LINE_LIMIT and p not in OVER_LINE_LIMIT}
+    assert too_long == {}, f"split these by concept (at most {LINE_LIMIT} lines a file): {too_long}"
+    done = sorted(p for p in OVER_LINE_LIMIT if lengths.get(p, 0) <= LINE_LIMIT)
+    assert done == [], f"remove these from OVER_LINE_LIMIT (gone or within the limit): {done}"

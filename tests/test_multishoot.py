@@ -98,7 +98,7 @@ def test_chunks_and_mixed_trajectories_match_one_chunk(lv):
             ds.Experiment("lv2", exp.times, exp.data, noise=Gaussian(SIGMA), trajectory=Multishoot(windows=3)),
             ds.Experiment("single", exp.times[:10], exp.data[:10], noise=Gaussian(SIGMA))]  # fmt: skip
     study = ds.Study(problem, exps, table)
-    one, many = ds.lower(study, solver=SOLVER), ds.lower(study, solver=SOLVER, chunk_size=1)
+    one, many = ds.lower(study, solver=SOLVER), ds.lower(study, solver=SOLVER, experiments_per_chunk=1)
     theta = one.problem.nominal + 0.01
     assert one.value(theta) == pytest.approx(many.value(theta), rel=1e-10)
     np.testing.assert_allclose(one.residuals(theta), many.residuals(theta), atol=1e-10)

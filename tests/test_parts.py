@@ -58,7 +58,7 @@ def _rel(a, b):
 
 @pytest.fixture(scope="module")
 def whole():
-    low = ds.lower(two_group_study(), hessian="fd", chunk_size=2)  # several chunks of each group
+    low = ds.lower(two_group_study(), hessian="fd", experiments_per_chunk=2)  # several chunks of each group
     assert len(low.groups) == 2
     return low
 
@@ -172,7 +172,7 @@ class SerialBackend:
 @pytest.mark.slow
 def test_a_distributed_study_agrees_with_the_local_one_and_fits():
     study = tiny_study(6)
-    local = ds.lower(study, hessian="fd", chunk_size=2)  # chunks of the shards' size: one program each
+    local = ds.lower(study, hessian="fd", experiments_per_chunk=2)  # chunks of the shards' size: one program each
     members = [[0, 4], [1, 5], [2, 3]]
     backend = SerialBackend(local, members)
     dist = DistributedStudy(ds.lower(study, hessian="fd"), backend, members, "f" * 16)
@@ -201,7 +201,7 @@ def test_a_distributed_study_agrees_with_the_local_one_and_fits():
 def test_failures_travel_in_the_parts():
     study = tiny_study(4)
     members = [[0, 1], [2, 3]]
-    base = ds.lower(study, solver=ds.inference.SolverOptions(max_steps=12), chunk_size=2)
+    base = ds.lower(study, solver=ds.inference.SolverOptions(max_steps=12), experiments_per_chunk=2)
     backend = SerialBackend(base, members)
     dist = DistributedStudy(base, backend, members, "0" * 16)
     assert np.isnan(dist.value(THETA))

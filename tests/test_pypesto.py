@@ -89,7 +89,16 @@ def test_failed_solves_are_nan():
 
 def test_bad_arguments():
     low = ds.lower(decay_study(0), solver=SOLVER)
-    with pytest.raises(ValueError, match="hessian="):
+    with pytest.raises(ValueError, match=r"hessian='bfgs' must be one of \('gauss_newton', 'exact'\)"):
         pypesto_objective(low, hessian="bfgs")
     with pytest.raises(TypeError, match="lowered study"):
         pypesto_objective(low.problem)
+
+
+def test_pypesto_hessians_are_the_fides_hessians_the_lowered_study_computes():
+    """One vocabulary: pyPESTO's objective offers the fides Hessians that are matrices of the
+    lowered study, not those fides builds itself by quasi-Newton updates."""
+    from diffsoup.inference.fitting._hessians import FIDES_HESSIANS, PYPESTO_HESSIANS, QUASI_NEWTON_HESSIANS
+
+    assert PYPESTO_HESSIANS == ("gauss_newton", "exact")
+    assert set(PYPESTO_HESSIANS) | set(QUASI_NEWTON_HESSIANS) == set(FIDES_HESSIANS)

@@ -212,7 +212,7 @@ def test_gradient_forward_adjoint_and_finite_differences_agree(one_chunk):
 
 
 def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta(one_chunk, monkeypatch):
-    from diffsoup.inference import _lower
+    from diffsoup.inference.objective import _lower
 
     study = tiny_study()
     adjoint = ds.lower(study, gradient="adjoint")
@@ -236,9 +236,27 @@ def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta
         ds.lower(study, gradient="reverse")
 
 
+def test_chunk_size_is_a_deprecated_name_of_experiments_per_chunk():
+    """``ds.lower(chunk_size=)`` (and ``LoweredStudy(chunk_size=)``) still work, warn naming
+    ``experiments_per_chunk``, and give the same chunks and values; both at once is refused."""
+    study = tiny_study()
+    new = ds.lower(study, experiments_per_chunk=3)
+    with pytest.warns(DeprecationWarning, match="chunk_size= is deprecated; give experiments_per_chunk="):
+        old = ds.lower(study, chunk_size=3)
+    assert old.experiments_per_chunk == new.experiments_per_chunk == 3
+    assert old.value(THETA) == new.value(THETA)
+    assert old.chunk_sizes == new.chunk_sizes == {"value": [3]}
+    with pytest.warns(DeprecationWarning, match="LoweredStudy: chunk_size= is deprecated"):
+        assert ds.inference.LoweredStudy(new.problem, chunk_size=3).experiments_per_chunk == 3
+    with pytest.raises(TypeError, match="give experiments_per_chunk= only"):
+        ds.lower(study, chunk_size=3, experiments_per_chunk=3)
+    with pytest.raises(ValueError, match="experiments_per_chunk=0 must be a positive integer"):
+        ds.lower(study, experiments_per_chunk=0)
+
+
 @pytest.mark.slow
 def test_many_chunks_match_one_chunk(one_chunk):
-    low = ds.lower(tiny_study(), chunk_size=3, hessian="fd")
+    low = ds.lower(tiny_study(), experiments_per_chunk=3, hessian="fd")
     v, g = low.value_and_grad(THETA)
     _, _, H = low.gauss_newton(THETA)
     assert low.chunk_sizes["value_and_grad"] == [3] and low.chunk_sizes["jacobian"] == [3]
@@ -456,16 +474,16 @@ def test_infinite_data_is_reported_as_inf_not_as_missing():
 
 
 def test_restriction_chooses_its_chunk_by_the_same_rule(monkeypatch):
-    """A restriction (what a Dask worker's shard is) of a study lowered without ``chunk_size`` picks
+    """A restriction (what a Dask worker's shard is) of a study lowered without ``experiments_per_chunk`` picks
     its chunk as the study would (on a GPU from one probe), not from the CPU search's start as if a
     chunk size were given; a given chunk size carries over."""
     study = tiny_study(n=100)
-    reference = ds.lower(study, chunk_size=60).restrict(range(60)).value(THETA)
+    reference = ds.lower(study, experiments_per_chunk=60).restrict(range(60)).value(THETA)
     part = ds.lower(study).restrict(range(60))
     monkeypatch.setattr(part, "platform", "gpu")
     np.testing.assert_allclose(part.value(THETA), reference, rtol=1e-12)
     assert part.search_log[0][5] == "probe" and part.chunk_sizes["value"] == [60]
-    given = ds.lower(study, chunk_size=16).restrict(range(60))
+    given = ds.lower(study, experiments_per_chunk=16).restrict(range(60))
     monkeypatch.setattr(given, "platform", "gpu")
     given.value(THETA)
     assert given.chunk_sizes["value"] == [15] and "probe" not in [row[5] for row in given.search_log]
@@ -476,7 +494,7 @@ def test_gpu_chunk_choice_extrapolates_from_one_probe(monkeypatch):
     the largest that fits the block limit, from one 32-lane probe and one final compile; the
     value is the same whatever the chunking."""
     study = tiny_study(n=100)
-    reference = ds.lower(study, chunk_size=100).value(THETA)
+    reference = ds.lower(study, experiments_per_chunk=100).value(THETA)
     roomy = ds.lower(study)
     monkeypatch.setattr(roomy, "platform", "gpu")
     np.testing.assert_allclose(roomy.value(THETA), reference, rtol=1e-12)
@@ -490,7 +508,7 @@ def test_gpu_chunk_choice_extrapolates_from_one_probe(monkeypatch):
     (chunk,) = tight.chunk_sizes["value"]
     assert 32 < chunk < 100 and tight.scratch_bytes["value"] <= limit
     assert len(tight.search_log) <= 3  # the probe, the estimate, at most one correction
-    # The CPU rule (and any given chunk_size) keeps the halving search from the start given.
+    # The CPU rule (and any given experiments_per_chunk) keeps the halving search from the start given.
     cpu = ds.lower(study, block_limit_bytes=limit)
     monkeypatch.setattr(cpu, "platform", "cpu")
     cpu.value(THETA)

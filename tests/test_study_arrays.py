@@ -74,7 +74,7 @@ def test_arrays_table_and_objects_agree(studies):
 def test_chunks_with_padding_lanes_match_one_chunk(studies):
     _, arrays, _ = studies
     one = ds.lower(arrays).value_and_grad(THETA)
-    chunked = ds.lower(arrays, chunk_size=3)  # 8 experiments: chunks of 3, the last padded
+    chunked = ds.lower(arrays, experiments_per_chunk=3)  # 8 experiments: chunks of 3, the last padded
     v, g = chunked.value_and_grad(THETA)
     assert chunked.chunk_sizes["value_and_grad"] == [3]
     np.testing.assert_allclose(v, one[0], rtol=RTOL)

@@ -4,7 +4,8 @@ multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary
 ``world``, ensembles (``ensemble``: many simulations as a lazy Dask array, written to Zarr;
 ``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the
 clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
-(``SlurmProfile``, ``read_profile``), ``cluster_client``, ``worker_threads``).
+(``SlurmProfile``, ``read_slurm_profile``; ``read_profile`` is its deprecated name),
+``cluster_client``, ``worker_threads``).
 
 Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
 ``diffsoup`` namespace of Dask's configuration (``_config``, defaults in ``diffsoup.yaml``).
@@ -24,8 +25,9 @@ from ._ensemble import Ensemble as Ensemble
 from ._ensemble import EnsembleWrite as EnsembleWrite
 from ._ensemble import ensemble as ensemble
 from ._process_campaign import device_group as device_group
-from ._profile import SlurmProfile as SlurmProfile
-from ._profile import read_profile as read_profile
+from ._slurm_profile import SlurmProfile as SlurmProfile
+from ._slurm_profile import read_profile as read_profile
+from ._slurm_profile import read_slurm_profile as read_slurm_profile
 from ._runtime import any_process as any_process
 from ._runtime import configure as configure
 from ._runtime import from_local_data as from_local_data

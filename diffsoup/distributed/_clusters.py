@@ -25,7 +25,7 @@ from .._settings import settings
 from ._config import get
 from ._dashboard import dashboard_url
 from ._gpus import visible_gpus
-from ._profile import SlurmProfile, read_profile
+from ._slurm_profile import SlurmProfile, read_slurm_profile
 
 WORKER_PRELOAD = "diffsoup.distributed._worker"
 
@@ -218,12 +218,12 @@ def slurm_cluster(profile: Any, **overrides: Any):
     GPUs, pins one GPU per worker process (dask-jobqueue gives every process of a job all of the
     job's GPUs). ``shared_dir`` (created here) holds the workers' JAX compilation cache and, as
     their ``DIFFSOUP_CACHE_DIR``, the window-start store. This process's environment is left as it is: to share the store with
-    the workers, give the driver the profile's ``shared_dir`` too (``read_profile(path).shared_dir``,
+    the workers, give the driver the profile's ``shared_dir`` too (``read_slurm_profile(path).shared_dir``,
     e.g. as its ``DIFFSOUP_CACHE_DIR`` before it prepares windows).
 
     Args:
         profile: the profile (a TOML path, a mapping or a :class:`SlurmProfile`; see
-            :mod:`diffsoup.distributed._profile`).
+            :mod:`diffsoup.distributed._slurm_profile`).
         **overrides: profile keys to replace.
 
     Returns:
@@ -234,7 +234,7 @@ def slurm_cluster(profile: Any, **overrides: Any):
     """
     from dask_jobqueue import SLURMCluster
 
-    profile = read_profile(profile)
+    profile = read_slurm_profile(profile)
     if overrides:
         profile = profile.replace(**overrides)
     if profile.shared_dir is not None:

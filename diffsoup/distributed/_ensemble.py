@@ -6,19 +6,21 @@ predicts the study's observables at each parameter draw: values ``(draws, experi
 observables)`` (padded with NaN where experiments have fewer times or observables) and a status
 ``(draws, experiments)``.
 
-Execution: the rows are split into chunks of ``chunk_size`` (a simple rule for now: the argument,
-else the setting ``diffsoup.ensemble.chunk-size``, 1024 simulations; a study's chunks hold that
-many simulations' worth of draws, at least one). Each chunk is one Dask task running one jitted,
-vmapped solve (the last chunk is padded to the same size, so every chunk runs one program),
-compiled once per worker process. The solve task is annotated with ``resources`` (``{"GPU": 1}``,
-the setting ``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call
-has a worker offering them, so it runs on GPU workers, one at a time per GPU; without such workers
-(CPU clusters, no client) it runs on any worker. The tasks around it (drawing the inputs, writing
-into Zarr) ask for nothing, so a worker's second thread runs them beside the next chunk's solve
+Execution: the rows (parameter draws) are split into chunks of ``draws_per_chunk`` (a simple rule
+for now: the argument, else the setting ``diffsoup.ensemble.chunk-size``, 1024 *simulations*; a
+problem simulates each draw once, so that is 1024 draws, while a study simulates each draw once per
+experiment, so its chunks hold that many simulations' worth of draws, at least one). ``chunk_size=``
+is the deprecated name of ``draws_per_chunk=``. Each chunk is one Dask task running one jitted,
+vmapped solve (the last chunk is padded to the same size, so every chunk runs one program), compiled
+once per worker process. The solve task is annotated with ``resources`` (``{"GPU": 1}``, the setting
+``diffsoup.ensemble.resources``) when the Dask client current at ``ensemble()``'s call has a worker
+offering them, so it runs on GPU workers, one at a time per GPU; without such workers (CPU clusters,
+no client) it runs on any worker. The tasks around it (drawing the inputs, writing into Zarr) ask
+for nothing, so a worker's second thread runs them beside the next chunk's solve
 (``diffsoup.cluster.threads-per-worker``): :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr`
 compute without Dask's graph optimization, which would fuse them into the solve task and lose its
-annotation. The task returns one combined block per chunk (parameters, values,
-status), which :meth:`Ensemble.values` and :meth:`Ensemble.status` slice: compute them together
+annotation. The task returns one combined block per chunk (parameters, values, status), which
+:meth:`Ensemble.values` and :meth:`Ensemble.status` slice: compute them together
 (``dask.compute(ens.values, ens.status)``) to solve each chunk once.
 
 Failures are values: a simulation that fails has its ``ds.Status`` code in the status array and
@@ -27,28 +29,32 @@ NaN values; the chunk itself succeeds. A chunk whose worker dies is computed aga
 :meth:`Ensemble.to_zarr` writes through Dask's own writer (``da.store``, one region per chunk) into
 a store with a completeness record (:mod:`diffsoup.store._ensemble_store`): a rerun after a killed
 client or allocation computes only the chunks not yet written.
+
+The parts: this module builds an ensemble (:func:`ensemble`) and holds it (:class:`Ensemble`);
+:mod:`._ensemble_programs` holds the chunk programs and the Dask layer of their tasks,
+:mod:`._ensemble_writes` the write into Zarr (:class:`EnsembleWrite`, the progress report).
 """
 
 from __future__ import annotations
 
-import abc
-import collections
 import dataclasses
 import hashlib
 import inspect
 import json
-import threading
 import time
-import typing
-import uuid
-from pathlib import Path
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._deprecated import renamed_keyword
 from ..store._ensemble_store import EnsembleLayout, EnsembleStore
 from ._config import get
 from ._dask_campaign import check_resources
+from ._ensemble_programs import _PROGRAMS as _PROGRAMS  # the per-process registry (tests read it)
+from ._ensemble_programs import _chunk_tasks, _ProblemChunk, _StudyChunk
+from ._ensemble_writes import EnsembleWrite as EnsembleWrite
+from ._ensemble_writes import _compute_with_progress, _runs, _write_result
 
 # simulate()'s keywords an ensemble passes on (the rest it sets itself).
 _OWN_KEYWORDS = ("y0", "t_eval", "params", "throw", "problem")
@@ -57,30 +63,6 @@ _OWN_KEYWORDS = ("y0", "t_eval", "params", "throw", "problem")
 # ------------------------------------------------------------------------------------------------
 # What an ensemble returns
 # ------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EnsembleWrite:
-    """What :meth:`Ensemble.to_zarr` did.
-
-    Attributes:
-        path: the store.
-        run: this write's number in the store (1 for the first; 0 when nothing was missing).
-        chunks: chunks of the ensemble.
-        written: chunks this run wrote (the others were complete before it, or are still missing
-            if it failed).
-        complete: every chunk is in the store.
-        seconds: wall time of the write.
-        status: ``ds.Status`` name -> number of simulations with it, over the whole store.
-    """
-
-    path: Path
-    run: int
-    chunks: int
-    written: int
-    complete: bool
-    seconds: float
-    status: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +122,17 @@ class Ensemble:
         return dict(self.layout.coordinates)
 
     @property
-    def chunk_size(self) -> int:
-        """Rows (simulations, or draws of a study) per chunk."""
+    def draws_per_chunk(self) -> int:
+        """Parameter draws (rows) per chunk: a problem's simulations, or a study's draws (each
+        simulated once per experiment)."""
         return self.layout.chunk_rows
+
+    @property
+    def chunk_size(self) -> int:
+        """Deprecated name of :attr:`draws_per_chunk`."""
+        warnings.warn("Ensemble.chunk_size is deprecated; read Ensemble.draws_per_chunk (the same number).",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return self.draws_per_chunk
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -211,217 +201,6 @@ class Ensemble:
         return _write_result(target, run, record["chunks_written"], time.perf_counter() - t0)
 
 
-def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
-    """Sorted indices grouped into runs of consecutive ones: ``[(first, last), ...]``."""
-    out: list[list[int]] = []
-    for i in indices:
-        if out and i == out[-1][1] + 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return [(a, b) for a, b in out]
-
-
-def _write_result(target: EnsembleStore, run: int, written: int, seconds: float) -> EnsembleWrite:
-    done = target.chunk_runs()
-    return EnsembleWrite(target.path, run, target.layout.n_chunks, written, bool(np.all(done > 0)), seconds,
-                         target.status_counts())  # fmt: skip
-
-
-def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: int, client, progress) -> None:
-    """Compute ``stored`` (Dask's store graph, unoptimized: the solve tasks keep their resources)
-    here, while a thread reports the chunks marked in the store about once a second (so that
-    Ctrl-C reaches the computation)."""
-    from ._dashboard_publish import ensemble_reporter
-    from ._progress import ProgressBar
-
-    bar = None
-    if progress is True:
-        bar = ProgressBar(total, total - to_write, 0, True, desc="diffsoup ensemble")
-        report = lambda done: bar.update(done, 0)  # noqa: E731
-    elif callable(progress):
-        report = lambda done: progress(done, total)  # noqa: E731
-    else:
-        report = None
-    report = ensemble_reporter(target, total, to_write, report, client)  # the dashboard page (Dask)
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.wait(1.0):
-            report(target.completed())
-
-    reporter = threading.Thread(target=poll, name="diffsoup-ensemble-progress", daemon=True) if report else None
-    if reporter is not None:
-        reporter.start()
-    try:
-        if client is not None:
-            future = client.compute(stored, optimize_graph=False)
-            try:
-                future.result()
-            except BaseException:
-                future.cancel()
-                raise
-        else:
-            stored.compute(optimize_graph=False)
-    finally:
-        stop.set()
-        if reporter is not None:
-            reporter.join()
-            report(target.completed())
-        if bar is not None:
-            bar.close()
-
-
-# ------------------------------------------------------------------------------------------------
-# Chunk programs: one jitted, vmapped solve per chunk, one program per worker process
-# ------------------------------------------------------------------------------------------------
-
-_PROGRAMS: collections.OrderedDict[str, Any] = collections.OrderedDict()
-_PROGRAMS_LOCK = threading.Lock()
-_KEPT_PROGRAMS = 8
-
-
-def _restore(cls, token: str, state: dict):
-    """Unpickling a chunk program: the one this process already holds under ``token`` (so its
-    compiled program is reused by every chunk the process runs), else this one, kept."""
-    with _PROGRAMS_LOCK:
-        found = _PROGRAMS.get(token)
-        if found is None:
-            found = cls.__new__(cls)
-            found.__dict__.update(state)
-            found._jitted, found._lock = None, threading.Lock()
-            _PROGRAMS[token] = found
-            while len(_PROGRAMS) > _KEPT_PROGRAMS:
-                _PROGRAMS.popitem(last=False)
-        else:
-            _PROGRAMS.move_to_end(token)
-        return found
-
-
-class _ChunkProgram(abc.ABC):
-    """Callable on a chunk's blocks, returning its combined rows (NumPy, float64); pickled by
-    reference to a per-process registry (see :func:`_restore`), built on first call."""
-
-    token: str
-    rows: int
-
-    def __init__(self, rows: int):
-        self.token = uuid.uuid4().hex
-        self.rows = rows
-        self._jitted = None
-        self._lock = threading.Lock()
-        with _PROGRAMS_LOCK:
-            _PROGRAMS[self.token] = self
-
-    def __reduce__(self):
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_jitted", "_lock")}
-        return (_restore, (type(self), self.token, state))
-
-    def _program(self):
-        with self._lock:
-            if self._jitted is None:
-                self._jitted = self._build()
-            return self._jitted
-
-    @abc.abstractmethod
-    def _build(self) -> Any:
-        """What :meth:`_program` returns, made once per process (a jitted function, say)."""
-
-    @abc.abstractmethod
-    def __call__(self, *blocks) -> np.ndarray:
-        """The combined rows ``(c, width)`` of one chunk's input blocks."""
-
-
-def _pad(block: np.ndarray, rows: int) -> np.ndarray:
-    """``block`` with its last row repeated up to ``rows`` rows (one program for every chunk)."""
-    if block.shape[0] == rows:
-        return block
-    return np.concatenate([block, np.repeat(block[-1:], rows - block.shape[0], axis=0)])
-
-
-@typing.final
-class _ProblemChunk(_ChunkProgram):
-    """A problem's chunk: one jitted, vmapped ``ds.simulate`` (and observables) on the padded rows."""
-
-    def __init__(self, problem, t_eval, columns, defaults, observables, with_t, options, y0, rows):
-        super().__init__(rows)
-        self.problem, self.t_eval, self.columns = problem, t_eval, columns
-        self.defaults, self.observables, self.with_t = defaults, observables, with_t
-        self.options, self.y0 = options, y0
-
-    def _build(self):
-        import jax
-        import jax.numpy as jnp
-
-        from ..integrate import simulate
-
-        problem, t_eval, obs, with_t, options = self.problem, self.t_eval, self.observables, self.with_t, self.options
-
-        def one(pvec, y0):
-            sol = simulate(problem, y0, t_eval, pvec, throw=False, **options)
-            ys = sol.ys
-            if obs is not None:
-                p = problem.params_dict(pvec)
-                if with_t:
-                    ys = jax.vmap(lambda t, y: jnp.asarray(obs(t, y, p)))(sol.ts, ys)
-                else:
-                    ys = jax.vmap(lambda y: jnp.asarray(obs(y, p)))(ys)
-            return ys.astype(jnp.float64), sol.status
-
-        batched_y0 = self.y0 is None
-        return jax.jit(jax.vmap(one, in_axes=(0, 0 if batched_y0 else None)))
-
-    def __call__(self, params_block, y0_block=None):
-        params_block = np.asarray(params_block, dtype=np.float64)
-        c = params_block.shape[0]
-        full = np.repeat(np.asarray(self.defaults, np.float64)[None], self.rows, axis=0)
-        full[:, self.columns] = _pad(params_block, self.rows)
-        y0 = self.y0 if y0_block is None else _pad(np.asarray(y0_block, np.float64), self.rows)
-        import jax
-
-        values, status = jax.device_get(self._program()(full, y0))
-        return np.concatenate(
-            [params_block, np.asarray(values[:c], np.float64).reshape(c, -1), np.asarray(status[:c], np.float64)[:, None]],
-            axis=1,
-        )
-
-
-@typing.final
-class _StudyChunk(_ChunkProgram):
-    """A study's chunk: ``InferenceProblem.predict`` at each draw (one jitted, vmapped program per
-    group of experiments, compiled once per process by ``predict``'s own cache)."""
-
-    def __init__(self, problem, theta_columns, theta_scales, shape, rows):
-        super().__init__(rows)
-        self.problem = problem  # an InferenceProblem of the study (single shooting)
-        self.theta_columns, self.theta_scales = theta_columns, theta_scales
-        self.shape = shape  # (experiments, times, observables)
-
-    def _build(self):
-        return self.problem  # the same object for every chunk: predict()'s compiled programs are reused
-
-    def __call__(self, params_block):
-        params_block = np.asarray(params_block, dtype=np.float64)
-        c = params_block.shape[0]
-        E, M, K = self.shape
-        problem = self._program()
-        values = np.full((c, E, M, K), np.nan)
-        status = np.zeros((c, E))
-        theta = np.repeat(problem.nominal[None], c, axis=0)
-        for j, (column, scale) in enumerate(zip(self.theta_columns, self.theta_scales)):
-            v = params_block[:, column]
-            with np.errstate(divide="ignore", invalid="ignore"):  # a non-positive draw fails its solves
-                theta[:, j] = v if scale == "lin" else np.log(v) if scale == "log" else np.log10(v)
-        ids = {e.id: i for i, e in enumerate(problem.study.experiments)}
-        for row in range(c):
-            for eid, rec in problem.predict(theta[row]).items():
-                i = ids[eid]
-                h = np.asarray(rec["observables"], np.float64)
-                values[row, i, : h.shape[0], : h.shape[1]] = h
-                status[row, i] = rec["status"]
-        return np.concatenate([params_block, values.reshape(c, -1), status], axis=1)
-
-
 # ------------------------------------------------------------------------------------------------
 # Building an ensemble
 # ------------------------------------------------------------------------------------------------
@@ -463,17 +242,21 @@ def ensemble_resources(resources: Mapping[str, float] | None, client: Any = None
     return {}
 
 
-def _chunk_rows(chunk_size: Any, per_row: int = 1) -> int:
-    if chunk_size is None:
+def _chunk_rows(draws_per_chunk: Any, per_row: int = 1) -> int:
+    """Draws per chunk: ``draws_per_chunk``, else the setting (simulations) over ``per_row``
+    simulations per draw."""
+    if draws_per_chunk is None:
         size = get("ensemble.chunk-size")
         if isinstance(size, str):
             size = int(size)
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"the setting diffsoup.ensemble.chunk-size={size!r} must be a positive integer.")
         return max(1, int(size) // per_row)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive integer (rows per chunk).")
-    return int(chunk_size)
+    size = draws_per_chunk
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"draws_per_chunk={size!r} must be a positive integer (parameter draws, rows of params, "
+                         "per chunk).")  # fmt: skip
+    return int(size)
 
 
 def _as_dask(x: Any, name: str, chunk_rows: int, width: int | None = None):
@@ -542,9 +325,10 @@ def ensemble(
     observables: Callable | None = None,
     output_names: Sequence[str] | None = None,
     solver: Any = None,
-    chunk_size: int | None = None,
+    draws_per_chunk: int | None = None,
     resources: Mapping[str, float] | None = None,
     client: Any = None,
+    chunk_size: int | None = None,
     **options: Any,
 ) -> Ensemble:
     """An ensemble of simulations as lazy Dask arrays, chunked along the leading axis.
@@ -571,13 +355,15 @@ def ensemble(
             (``p`` the parameters by name); None returns the states.
         output_names: names of the outputs (problem) or of the observable columns (study).
         solver: study only: a ``ds.inference.SolverOptions`` (tolerances, step budget).
-        chunk_size: rows per chunk (problem: simulations; study: draws); None reads the setting
-            ``diffsoup.ensemble.chunk-size`` (a study's chunks hold that many simulations' worth
-            of draws). The inputs are rechunked to it.
+        draws_per_chunk: rows of ``params`` (parameter draws) per chunk: a problem's simulations,
+            a study's draws (each simulated once per experiment); None reads the setting
+            ``diffsoup.ensemble.chunk-size``, in simulations (a study's chunks hold that many
+            simulations' worth of draws). The inputs are rechunked to it.
         resources: what each chunk's task asks of a worker (``{}``: nothing); None reads the
             setting ``diffsoup.ensemble.resources`` and applies it only where the current client
             (``client``, else Dask's default) has a worker offering it.
         client: the ``distributed.Client`` whose workers decide ``resources`` (None: the default one).
+        chunk_size: the deprecated name of ``draws_per_chunk`` (warns).
         **options: problem only: ``ds.simulate``'s keywords (``rtol``, ``atol``, ``method``,
             ``max_steps``, ``t0``, ...), the same for every row.
 
@@ -588,17 +374,19 @@ def ensemble(
         TypeError: for a ``target`` that is neither, an unknown ``ds.simulate`` keyword, or
             options of the other kind of target.
         ValueError: for shapes that do not match, unknown parameter names, missing ``t_eval``
-            or ``params``, a bad ``chunk_size``.
+            or ``params``, a bad ``draws_per_chunk``.
+        TypeError: for both ``draws_per_chunk`` and its deprecated name ``chunk_size``.
     """
     from ..inference import Study
     from ..model import Problem
 
+    draws_per_chunk = renamed_keyword("ensemble", "chunk_size", chunk_size, "draws_per_chunk", draws_per_chunk)
     if isinstance(target, Problem):
         if solver is not None:
             raise TypeError("ensemble: solver= is for a study; give a problem's ds.simulate options as keywords "
                             "(rtol=, atol=, max_steps=, ...).")  # fmt: skip
-        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names, chunk_size,
-                                 resources, client, options)  # fmt: skip
+        return _problem_ensemble(target, params, y0, t_eval, parameter_names, observables, output_names,
+                                 draws_per_chunk, resources, client, options)  # fmt: skip
     if isinstance(target, Study):
         for name, value in (("y0", y0), ("t_eval", t_eval), ("observables", observables)):
             if value is not None:
@@ -606,7 +394,8 @@ def ensemble(
         if options:
             raise TypeError(f"ensemble: {sorted(options)} are ds.simulate options; for a study give "
                             "solver=ds.inference.SolverOptions(...).")  # fmt: skip
-        return _study_ensemble(target, params, parameter_names, output_names, solver, chunk_size, resources, client)
+        return _study_ensemble(target, params, parameter_names, output_names, solver, draws_per_chunk, resources,
+                               client)  # fmt: skip
     raise TypeError(f"ensemble: target must be a built ds.Problem (spec.build()) or a ds.Study, not {type(target).__name__}.")
 
 
@@ -643,8 +432,8 @@ def _named_columns(params: Any, names: Sequence[str] | None, known: Sequence[str
     return _as_dask(params, "params", chunk_rows, len(names)), names
 
 
-def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, chunk_size, resources,
-                      client, options) -> Ensemble:  # fmt: skip
+def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables, output_names, draws_per_chunk,
+                      resources, client, options) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
     import jax
@@ -661,7 +450,7 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
     t_eval = np.atleast_1d(np.asarray(t_eval, dtype=np.float64))
     if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError(f"ensemble: t_eval has shape {t_eval.shape}; give a non-empty 1-D array of times.")
-    rows_c = _chunk_rows(chunk_size)
+    rows_c = _chunk_rows(draws_per_chunk)
     params_da, names = _named_columns(params, parameter_names, problem.parameter_names, rows_c, "the problem")
     n = problem.n_states
     y0_da, y0_fixed = None, None
@@ -735,7 +524,8 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
     return Ensemble(combined, params_da, layout, pinned)
 
 
-def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_size, resources, client) -> Ensemble:
+def _study_ensemble(study, params, parameter_names, output_names, solver, draws_per_chunk, resources,
+                    client) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
 
@@ -748,7 +538,7 @@ def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_
     if not isinstance(solver, SolverOptions):
         raise TypeError("ensemble: solver= must be a ds.inference.SolverOptions.")
     E = len(study.experiments)
-    rows_c = _chunk_rows(chunk_size, per_row=E)
+    rows_c = _chunk_rows(draws_per_chunk, per_row=E)
     known = tuple(study.entry_names) + tuple(n for n in study.table if n not in study.entry_index)
     default_names = None if parameter_names is not None or isinstance(params, Mapping) else ParameterBox.of(study).names
     params_da, names = _named_columns(params, parameter_names if default_names is None else default_names, known,
@@ -799,21 +589,3 @@ def _study_ensemble(study, params, parameter_names, output_names, solver, chunk_
     )  # fmt: skip
     combined = _chunk_tasks(program, [params_da], width, f"diffsoup-ensemble-study-{layout.fingerprint[:16]}", pinned)
     return Ensemble(combined, params_da, layout, pinned)
-
-
-def _chunk_tasks(program: Callable, inputs: Sequence[Any], width: int, name: str, resources: Mapping[str, float]):
-    """The Dask array ``(rows, width)`` of one ``program(*blocks)`` task per chunk of ``inputs``
-    (Dask arrays chunked alike along their rows, one chunk across), annotated with ``resources``.
-
-    A layer of its own (not a blockwise one, which Dask fuses with its inputs' layers, dropping the
-    annotation); Dask's graph optimization still fuses it with its neighbours, which is why
-    :meth:`Ensemble.compute` and :meth:`Ensemble.to_zarr` compute with ``optimize_graph=False``."""
-    import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-
-    keys = [x.__dask_keys__() for x in inputs]
-    rows = inputs[0].chunks[0]
-    tasks = {(name, i, 0): (program, *(k[i][0] for k in keys)) for i in range(len(rows))}
-    layer = MaterializedLayer(tasks, annotations={"resources": dict(resources)} if resources else None)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=list(inputs))
-    return da.Array(graph, name, chunks=(rows, (width,)), dtype=np.float64, meta=np.empty((0, 0)))

@@ -20,11 +20,9 @@ from ..inference import AbstractLoweredStudy, FitResult
 from ..inference.fitting._hierarchical import AnalyticParameters
 from ..inference.fitting._profile_likelihood import ParameterProfile, ProfileOptions, ProfileResult, profile_parameter, threshold
 from ._campaign import checkpointed_map
+from ._lowered_cache import fingerprint_of, lowered_from
 
 PROFILE_FORMAT = "diffsoup.profile/1"
-
-# Lowered studies made by factories, one per process (the tasks a Dask worker runs share it).
-_LOWERED: dict[Any, AbstractLoweredStudy] = {}
 
 
 class ProfileTask:
@@ -32,24 +30,18 @@ class ProfileTask:
 
     Args:
         lowered: the lowered study, or a picklable zero-argument factory returning one (for tasks
-            run on Dask workers: each worker process calls it once and keeps the result).
+            run on Dask workers: each worker process lowers it once, in the process's cache under
+            the factory's fingerprint, shared with the multistart tasks of the same factory).
         options: the :class:`ProfileOptions`.
     """
 
     def __init__(self, lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], options: ProfileOptions):
         self.lowered, self.options = lowered, options
-
-    def _study(self) -> AbstractLoweredStudy:
-        if isinstance(self.lowered, AbstractLoweredStudy):
-            return self.lowered
-        key = repr(self.lowered)  # the same factory in every task a worker unpickles
-        if key not in _LOWERED:
-            _LOWERED.clear()
-            _LOWERED[key] = self.lowered()
-        return _LOWERED[key]
+        # Computed here, where the task is made: the workers get it with the task.
+        self.fingerprint = None if isinstance(lowered, AbstractLoweredStudy) else fingerprint_of(lowered)
 
     def __call__(self, item: dict) -> dict:
-        low = self._study()
+        low, _ = lowered_from(self.lowered, self.fingerprint)
         result = profile_parameter(low, np.asarray(item["theta"], dtype=np.float64), float(item["objective"]),
                                    item["parameter"], self.options)  # fmt: skip
         return {"format": PROFILE_FORMAT, **result.to_json()}
@@ -103,7 +95,8 @@ def profile(
         raise TypeError(f"profile: options must be a ds.inference.ProfileOptions, not {type(options).__name__}.")
     if confidence is not None:
         options = replace(options, confidence=float(confidence))
-    low = lowered if isinstance(lowered, AbstractLoweredStudy) else lowered()
+    task = ProfileTask(lowered, options)
+    low, _ = lowered_from(lowered, task.fingerprint)  # a factory's study is the tasks' in this process
     prob = low.problem
     names = tuple(prob.theta_names)
     if isinstance(result, FitResult):
@@ -129,7 +122,6 @@ def profile(
         AnalyticParameters.find(low, options.hierarchical, theta)
     items = [{"task_id": f"profile:{name}", "parameter": name, "theta": [float(v) for v in theta],
               "objective": objective, "options": options.as_dict()} for name in chosen]  # fmt: skip
-    task = ProfileTask(lowered, options)
     kwargs = dict(resume=resume, on_conflict=on_conflict, execution=execution, progress=progress, **campaign_options)
     if ledger_path is None:
         with tempfile.TemporaryDirectory(prefix="diffsoup-profile-") as tmp:

@@ -20,8 +20,8 @@ of Dask tasks, one per shard, keyed ``diffsoup-<mode>-<name>-shard<k>-<hex>``, a
 ``resources`` and pinned to the worker holding the shard (a loose restriction: when that worker is
 gone the task runs on another one, which compiles the shard anew). A worker keeps its shard -- a
 ``LoweredStudy`` restricted to the shard's experiments, programs compiled on first use -- in
-process-local state keyed by the study's fingerprint and the shard, so a task carries parameters in
-and a part out. The client combines the parts in a fixed shard order. A failed evaluation (a worker
+the process's cache of lowered studies (:mod:`._lowered_cache`), keyed by the study's fingerprint and
+the shard's experiments, so a task carries parameters in and a part out. The client combines the parts in a fixed shard order. A failed evaluation (a worker
 lost twice under it, lost scattered data) is retried whole, up to ``retries`` times.
 
 Multi-process JAX execution (after ``ds.distributed.initialize`` with several processes): each
@@ -54,6 +54,7 @@ from ..inference.objective._lower import LoweredStudy, lower
 from ..inference.objective._parts import AbstractPart, combine_parts
 from ..inference.study._study import Study
 from ._dashboard import dashboard_url
+from ._lowered_cache import LOWERED
 from ._runtime import is_initialized, process_count, process_index
 
 logger = logging.getLogger("diffsoup.distributed")
@@ -63,8 +64,6 @@ DEFAULT_COMPILE_MODES = ("value", "value_and_grad", "jacobian")
 # The keywords of ds.lower: run() passes them on.
 LOWER_OPTIONS = tuple(n for n, p in inspect.signature(lower).parameters.items() if p.kind is p.KEYWORD_ONLY)
 
-# Worker-local (or process-local) shards: (fingerprint, shard) -> LoweredStudy restricted to it.
-_SHARDS: dict[tuple[str, int], LoweredStudy] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,21 +309,25 @@ def _shard_task(payload: bytes, fp: str, sid: int, members: list[int], mode: str
     from distributed import get_worker
 
     t0 = time.perf_counter()
-    key = (fp, sid)
-    built = key not in _SHARDS
-    if built:
+
+    def build() -> LoweredStudy:
         study, options = pickle.loads(payload)
-        _SHARDS[key] = build_shard(study, options, members)
-    part = serve_request(_SHARDS[key], mode, argument)
+        return build_shard(study, options, members)
+
+    shard, built = LOWERED.get(fp, shard_key(members), build)
+    part = serve_request(shard, mode, argument)
     return ShardReply(part, get_worker().address, built, time.perf_counter() - t0)
+
+
+def shard_key(members: Sequence[int]) -> tuple:
+    """The options part of a shard's key in the worker's cache of lowered studies (the study's
+    fingerprint is the other part): the experiments it evaluates."""
+    return ("restrict", tuple(int(m) for m in members))
 
 
 def _release(fp: str) -> int:
     """Run on every worker: drop the shards of study ``fp``; returns how many were dropped."""
-    keys = [k for k in _SHARDS if k[0] == fp]
-    for k in keys:
-        del _SHARDS[k]
-    return len(keys)
+    return LOWERED.discard(fp)
 
 
 def _now() -> str:

@@ -8,11 +8,17 @@ few chunks are held at once, however many draws there are.
 Latin hypercube draws are built whole in one task (scipy's construction needs all ``n`` at once:
 ``n * d`` floats) and then split into chunks; Sobol' draws are generated chunk by chunk (each chunk
 fast-forwards the sequence to its first row).
+
+Chunks are counted in rows, each row one parameter point (one draw of :func:`sample`, what an
+ensemble simulates): ``sample(draws_per_chunk=)``, ``saltelli(rows_per_chunk=)`` (a Saltelli
+draw is ``d + 2`` rows, and its chunks hold whole draws); ``chunk_size=`` is the deprecated name
+of both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,19 +35,20 @@ from ..inference.fitting._samplers import (
     saltelli_unit,
     sobol_unit,
 )
+from .._deprecated import renamed_keyword
 from ._config import get
 
 SPLIT_EVERY = 8
 
 
-def _rows_per_chunk(chunk_size: Any, group: int = 1) -> int:
-    """Rows per chunk: ``chunk_size`` (else the setting ``diffsoup.ensemble.chunk-size``), as a
-    multiple of ``group`` rows (at least one group)."""
-    size = get("ensemble.chunk-size", chunk_size)
+def _rows_per_chunk(rows: Any, group: int = 1, keyword: str = "rows_per_chunk") -> int:
+    """Rows per chunk: ``rows`` (else the setting ``diffsoup.ensemble.chunk-size``), as a
+    multiple of ``group`` rows (at least one group); errors name ``keyword``."""
+    size = get("ensemble.chunk-size", rows)
     if isinstance(size, str):
         size = int(size)
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"chunk_size={size!r} must be a positive integer (rows per chunk).")
+        raise ValueError(f"{keyword}={size!r} must be a positive integer (rows, parameter points, per chunk).")
     return group * max(1, round(int(size) / group))
 
 
@@ -55,7 +62,7 @@ def _lhs_values(box: ParameterBox, n: int, seed: int) -> np.ndarray:
 
 
 def sample(source: Any, n: int, *, method: str = "sobol", seed: int = 0, parameters: Sequence[str] | None = None,
-           chunk_size: int | None = None):  # fmt: skip
+           draws_per_chunk: int | None = None, chunk_size: int | None = None):  # fmt: skip
     """``n`` parameter draws as a lazy Dask array ``(n, d)`` of linear values, uniform on each
     parameter's scale within its bounds (see :class:`~diffsoup.inference.ParameterBox`).
 
@@ -66,10 +73,11 @@ def sample(source: Any, n: int, *, method: str = "sobol", seed: int = 0, paramet
         method: ``"sobol"`` (scrambled Sobol' points) or ``"lhs"`` (Latin hypercube).
         seed: fixes the draws (the same seed, the same array, in every process).
         parameters: the names to draw (default: every estimated parameter).
-        chunk_size: rows per chunk; None reads ``diffsoup.ensemble.chunk-size``.
+        draws_per_chunk: draws (rows) per chunk; None reads ``diffsoup.ensemble.chunk-size``.
+        chunk_size: the deprecated name of ``draws_per_chunk`` (warns).
 
     Raises:
-        ValueError: for a bad ``n``, ``method`` or parameter name.
+        ValueError: for a bad ``n``, ``method``, ``draws_per_chunk`` or parameter name.
     """
     import dask
     import dask.array as da
@@ -78,7 +86,8 @@ def sample(source: Any, n: int, *, method: str = "sobol", seed: int = 0, paramet
     box = ParameterBox.of(source, parameters)
     n = check_count(n)
     method = check_method(method, n)
-    rows = _rows_per_chunk(chunk_size)
+    draws_per_chunk = renamed_keyword("sample", "chunk_size", chunk_size, "draws_per_chunk", draws_per_chunk)
+    rows = _rows_per_chunk(draws_per_chunk, keyword="draws_per_chunk")
     d = box.dimension
     name = f"diffsoup-{method}-{tokenize(box, n, seed, rows)}"
     if method == "sobol":
@@ -102,16 +111,25 @@ class SaltelliDesign:
         params: the parameter values, a Dask array ``(n (d + 2), d)`` chunked by whole draws.
         names: the parameters (the columns).
         draws: ``n``.
-        chunk_size: rows per chunk (a multiple of ``d + 2``): give it to ``ensemble`` so that the
-            ensemble's chunks hold whole draws too (else :func:`sobol_indices` rechunks).
+        rows_per_chunk: rows per chunk (a multiple of ``d + 2``): give it to ``ensemble`` as
+            ``draws_per_chunk`` (an ensemble's draw is one row) so that the ensemble's chunks hold
+            whole Saltelli draws too (else :func:`sobol_indices` rechunks). ``chunk_size`` is its
+            deprecated name.
         box: the :class:`~diffsoup.inference.ParameterBox` drawn from.
     """
 
     params: Any
     names: tuple[str, ...]
     draws: int
-    chunk_size: int
+    rows_per_chunk: int
     box: ParameterBox
+
+    @property
+    def chunk_size(self) -> int:
+        """Deprecated name of :attr:`rows_per_chunk`."""
+        warnings.warn("SaltelliDesign.chunk_size is deprecated; read SaltelliDesign.rows_per_chunk (the same "
+                      "number).", DeprecationWarning, stacklevel=2)  # fmt: skip
+        return self.rows_per_chunk
 
 
 def _saltelli_block(box: ParameterBox, seed: int, group: int, block_info=None):
@@ -120,13 +138,14 @@ def _saltelli_block(box: ParameterBox, seed: int, group: int, block_info=None):
 
 
 def saltelli(source: Any, n: int, *, seed: int = 0, parameters: Sequence[str] | None = None,
-             chunk_size: int | None = None) -> SaltelliDesign:  # fmt: skip
+             rows_per_chunk: int | None = None, chunk_size: int | None = None) -> SaltelliDesign:  # fmt: skip
     """Saltelli's design of ``n`` draws (``n`` a power of 2) over a study's parameter table (or
     ``Parameter`` rows, or a ``ParameterBox``), lazily, as a :class:`SaltelliDesign`.
 
     Args:
-        chunk_size: about how many rows per chunk (rounded to whole draws of ``d + 2`` rows);
-            None reads ``diffsoup.ensemble.chunk-size``.
+        rows_per_chunk: about how many rows (parameter points) per chunk, rounded to whole
+            draws of ``d + 2`` rows; None reads ``diffsoup.ensemble.chunk-size``.
+        chunk_size: the deprecated name of ``rows_per_chunk`` (warns).
 
     Raises:
         ValueError: for a bad ``n`` (not a power of 2) or parameter name.
@@ -139,7 +158,8 @@ def saltelli(source: Any, n: int, *, seed: int = 0, parameters: Sequence[str] | 
     check_method("sobol", n)
     d = box.dimension
     group = d + 2
-    rows = _rows_per_chunk(chunk_size, group)
+    rows_per_chunk = renamed_keyword("saltelli", "chunk_size", chunk_size, "rows_per_chunk", rows_per_chunk)
+    rows = _rows_per_chunk(rows_per_chunk, group)
     total = n * group
     chunks = (tuple(min(rows, total - s) for s in range(0, total, rows)), (d,))
     params = da.map_blocks(_saltelli_block, box, seed, group, chunks=chunks, dtype=np.float64,
@@ -179,7 +199,7 @@ def sobol_indices(values: Any, design: SaltelliDesign):
         raise TypeError(f"sobol_indices: design must be a SaltelliDesign (ds.distributed.saltelli), not {design!r}.")
     arr = getattr(values, "values", values)
     if not isinstance(arr, da.Array):
-        arr = da.from_array(np.asarray(arr, dtype=np.float64), chunks=(design.chunk_size,) + np.shape(arr)[1:])
+        arr = da.from_array(np.asarray(arr, dtype=np.float64), chunks=(design.rows_per_chunk,) + np.shape(arr)[1:])
     d = len(design.names)
     group = d + 2
     if arr.shape[0] != design.draws * group:

@@ -1,19 +1,25 @@
 """``ds.inference.multistart``: a multistart fit as a campaign, one ``checkpointed_map`` task per start.
 
 The start points are the Latin hypercube of ``fit`` (a function of ``(starts, seed)`` alone), so a
-rerun with the same ledger finds the same tasks, keeps the starts already finished and runs the
-others; the best start is then the fit (``FitResult.from_starts``: standard errors from the
-Gauss-Newton Hessian there). The numerical part (``run_start``: one start, with the replacement of
-a start point that fails to solve) lives in ``diffsoup.inference``; this driver is re-exported
-there lazily, as ``checkpointed_map`` is.
+rerun with the same ledger finds the same tasks (``start-0000``, ``start-0001``, ...), keeps the
+starts already finished and runs the others; the best start is then the fit
+(``FitResult.from_starts``: standard errors from the Gauss-Newton Hessian there). The numerical part
+(``run_start``: one start, with the replacement of a start point that fails to solve) lives in
+``diffsoup.inference``; this driver is re-exported there lazily, as ``checkpointed_map`` is.
+
+It is the one multistart campaign: ``diffsoup campaign`` (``workflows.campaign_study``) runs its
+starts through :func:`plan_starts`, :func:`run_starts` and :func:`starts_of` too, with a study
+file's factory and its own entries in the items (``tags``). Tasks lower their study once per
+process, through the process's cache (:mod:`._lowered_cache`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,11 +30,19 @@ from ..inference.fitting._hierarchical import AnalyticParameters
 from ..inference.fitting._optimizers import AbstractOptimizer
 from ..inference.fitting._starts import replacement_point, start_points
 from ._campaign import checkpointed_map
+from ._lowered_cache import fingerprint_of, lowered_from
+from ._tasks import CampaignResult
 
-_LOWERED: dict[str, AbstractLoweredStudy] = {}
 # The analytic parameters of the lowered study a process's tasks last used, found once per study
 # and choice: [lowered, choice, AnalyticParameters or None].
 _ANALYTIC: list = [None, None, None]
+# What an item of a start holds besides its tags.
+ITEM_KEYS = ("task_id", "index", "x0", "optimizer", "analytic")
+
+
+def start_task_id(index: int) -> str:
+    """The ``task_id`` of start ``index``: ``start-0000``, ``start-0001``, ..."""
+    return f"start-{index:04d}"
 
 
 def _choice_key(choice: Any) -> Any:
@@ -57,12 +71,16 @@ class StartTask:
     """A campaign task: one start of a multistart fit (the item carries its point and index).
 
     Args:
-        lowered: the lowered study, or a picklable zero-argument factory returning one (built
-            once per worker process).
+        lowered: the lowered study, or a picklable zero-argument factory returning one (lowered
+            once per worker process, in the process's cache under the factory's fingerprint).
         optimizer: the optimizer of each start.
         seed, resample_failed_starts: as for ``fit`` (replacements of a failing start point).
         analytic: the names of the parameters optimized analytically at each evaluation (as the
             driver found them; empty for none).
+
+    Its result (JSON) holds the :class:`StartResult`'s fields and where it ran: ``window_solves``
+    (window-start solves this task did), ``built_here`` (whether it lowered the study), ``host``,
+    ``pid`` and ``slurm_job``.
     """
 
     def __init__(self, lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], optimizer: AbstractOptimizer,
@@ -70,18 +88,14 @@ class StartTask:
         self.lowered, self.optimizer = lowered, optimizer
         self.seed, self.resample = int(seed), int(resample_failed_starts)
         self.analytic = tuple(analytic)
+        # Computed here, where the task is made: the workers get it with the task.
+        self.fingerprint = None if isinstance(lowered, AbstractLoweredStudy) else fingerprint_of(lowered)
 
-    def _study(self) -> AbstractLoweredStudy:
-        if isinstance(self.lowered, AbstractLoweredStudy):
-            return self.lowered
-        key = repr(self.lowered)
-        if key not in _LOWERED:
-            _LOWERED.clear()
-            _LOWERED[key] = self.lowered()
-        return _LOWERED[key]
+    def __call__(self, item: Mapping[str, Any]) -> dict:
+        from ..inference import window_solves
 
-    def __call__(self, item: dict) -> dict:
-        low = self._study()
+        solves_before = window_solves()
+        low, built = lowered_from(self.lowered, self.fingerprint)
         index = int(item["index"])
         analytic = analytic_once(low, self.analytic)
         s = run_start(low, self.optimizer, np.asarray(item["x0"], dtype=np.float64),
@@ -90,16 +104,80 @@ class StartTask:
         return {"x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
                 "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
                 "n_iterations": s.n_iterations, "seconds": s.seconds, "failures": [list(f) for f in s.failures],
-                "resampled": s.resampled}  # fmt: skip
+                "resampled": s.resampled, "window_solves": window_solves() - solves_before, "built_here": built,
+                "host": os.uname().nodename, "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
 
 
-def start_of(record: dict) -> StartResult:
+def start_of(record: Mapping[str, Any]) -> StartResult:
     """The :class:`StartResult` of a task's JSON result."""
     objective = float("inf") if record["objective"] is None else float(record["objective"])
     return StartResult(np.asarray(record["x0"], dtype=np.float64), np.asarray(record["x"], dtype=np.float64), objective,
                        bool(record["success"]), str(record["message"]), int(record["n_evaluations"]),
                        int(record["n_iterations"]), float(record["seconds"]), tuple(tuple(f) for f in record["failures"]),
                        int(record.get("resampled", 0)))  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPlan:
+    """A multistart campaign before it runs: its items, its task, and what the driver found.
+
+    Attributes:
+        lowered: the driver's lowered study (the factory's, from this process's cache).
+        items: one item per start, in start order.
+        task: the :class:`StartTask`.
+        optimizer: the optimizer of each start.
+        analytic: the names of the parameters optimized analytically (empty for none).
+    """
+
+    lowered: AbstractLoweredStudy
+    items: list[dict]
+    task: StartTask
+    optimizer: AbstractOptimizer
+    analytic: tuple[str, ...]
+
+
+def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], *, starts: int, seed: int,
+                method: str | AbstractOptimizer, max_nfev: int | None, resample_failed_starts: int,
+                hierarchical: bool | Sequence[str] | None, tags: Mapping[str, Any] | None = None) -> StartPlan:  # fmt: skip
+    """The items and task of a multistart campaign (arguments as for :func:`multistart`).
+
+    Raises:
+        ValueError: for a start count below 1, or tags that would replace an item's own entries.
+    """
+    if isinstance(starts, bool) or int(starts) < 1:
+        raise ValueError(f"multistart: starts={starts!r} must be a positive count.")
+    tags = dict(tags or {})
+    taken = sorted(set(tags) & set(ITEM_KEYS))
+    if taken:
+        raise ValueError(f"multistart: tags {taken} are entries every start's item has already ({list(ITEM_KEYS)}); "
+                         "give the tags other names.")  # fmt: skip
+    optimizer = optimizer_of(method, max_nfev=max_nfev)
+    task = StartTask(lowered, optimizer, seed, resample_failed_starts)
+    low, _ = lowered_from(lowered, task.fingerprint)  # a factory's study is the tasks' in this process
+    points = start_points(low, int(starts), int(seed))
+    found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
+    analytic = list(found.names) if found is not None else []
+    remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
+    # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
+    items = [{"task_id": start_task_id(i), "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
+              **({"analytic": analytic} if analytic else {}), **tags} for i, p in enumerate(points)]  # fmt: skip
+    task.analytic = tuple(analytic)
+    return StartPlan(low, items, task, optimizer, tuple(analytic))
+
+
+def run_starts(plan: StartPlan, ledger_path: str | os.PathLike | None, **campaign_options: Any) -> CampaignResult:
+    """Run the plan's starts with ``checkpointed_map`` (``campaign_options`` as there); without a
+    ledger path, on a throw-away ledger."""
+    if ledger_path is None:
+        with tempfile.TemporaryDirectory(prefix="diffsoup-starts-") as tmp:
+            return checkpointed_map(plan.task, plan.items, ledger_path=os.path.join(tmp, "starts.json"),
+                                    **campaign_options)  # fmt: skip
+    return checkpointed_map(plan.task, plan.items, ledger_path=ledger_path, **campaign_options)
+
+
+def starts_of(plan: StartPlan, campaign: CampaignResult) -> list[StartResult]:
+    """The finished starts of a campaign, in start order."""
+    return [start_of(campaign.results[item["task_id"]]) for item in plan.items if item["task_id"] in campaign.results]
 
 
 def multistart(
@@ -116,49 +194,39 @@ def multistart(
     on_conflict: str = "error",
     execution: str = "serial",
     progress: bool = False,
+    tags: Mapping[str, Any] | None = None,
     **campaign_options: Any,
 ) -> FitResult:
     """A multistart fit whose starts are campaign tasks (resumable from ``ledger_path``).
 
     Args:
         lowered: the lowered study, or a picklable factory ``() -> lowered study`` for
-            ``execution="dask"`` (each worker builds its own once).
+            ``execution="dask"`` (each worker process lowers it once; a ``fingerprint`` string
+            attribute of the factory, where it has one, names its study in the workers' cache).
         starts, seed, method, max_nfev, resample_failed_starts, hierarchical: as for
             ``ds.inference.fit`` (by default the noise levels that qualify are optimized
             analytically; the parameters found are part of each task, so a rerun with another
             choice is a ledger conflict).
         ledger_path: the JSON ledger; None runs the starts with a throw-away ledger.
         resume, on_conflict, execution, progress, campaign_options: as for ``checkpointed_map``.
+        tags: more entries of every start's item (JSON values: a study's digest, a setting), so
+            that a rerun with other values is a ledger conflict rather than a resume.
 
     Returns:
         The :class:`~diffsoup.inference.FitResult` of the finished starts.
 
     Raises:
-        ValueError: for a start count below 1.
+        ValueError: for a start count below 1, or tags named as an item's own entries.
         RuntimeError: if every start failed.
     """
-    if isinstance(starts, bool) or int(starts) < 1:
-        raise ValueError(f"multistart: starts={starts!r} must be a positive count.")
-    optimizer = optimizer_of(method, max_nfev=max_nfev)
-    low = lowered if isinstance(lowered, AbstractLoweredStudy) else lowered()
-    points = start_points(low, int(starts), int(seed))
-    found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
-    analytic = list(found.names) if found is not None else []
-    remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
-    # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
-    items = [{"task_id": f"start-{i:04d}", "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
-              **({"analytic": analytic} if analytic else {})} for i, p in enumerate(points)]  # fmt: skip
-    task = StartTask(lowered, optimizer, seed, resample_failed_starts, analytic)
-    kwargs = dict(resume=resume, on_conflict=on_conflict, execution=execution, progress=progress, **campaign_options)
+    plan = plan_starts(lowered, starts=starts, seed=seed, method=method, max_nfev=max_nfev,
+                       resample_failed_starts=resample_failed_starts, hierarchical=hierarchical, tags=tags)  # fmt: skip
     t0 = time.perf_counter()
-    if ledger_path is None:
-        with tempfile.TemporaryDirectory(prefix="diffsoup-starts-") as tmp:
-            campaign = checkpointed_map(task, items, ledger_path=os.path.join(tmp, "starts.json"), **kwargs)
-    else:
-        campaign = checkpointed_map(task, items, ledger_path=ledger_path, **kwargs)
-    finished = [start_of(campaign.results[item["task_id"]]) for item in items if item["task_id"] in campaign.results]
+    campaign = run_starts(plan, ledger_path, resume=resume, on_conflict=on_conflict, execution=execution,
+                          progress=progress, **campaign_options)  # fmt: skip
+    finished = starts_of(plan, campaign)
     if not finished:
         errors = "; ".join(str(r.error) for r in list(campaign.failures.values())[:3])
         raise RuntimeError(f"multistart: every start failed ({errors}).")
-    return FitResult.from_starts(low, finished, method=optimizer.name, seconds=time.perf_counter() - t0,
-                                 analytic=analytic)  # fmt: skip
+    return FitResult.from_starts(plan.lowered, finished, method=plan.optimizer.name, seconds=time.perf_counter() - t0,
+                                 analytic=list(plan.analytic))  # fmt: skip

@@ -19,8 +19,8 @@ from ._sbml_error import SBMLError as SBMLError
 from ._petab_simulation import write_simulation_table as write_simulation_table
 from ._petab_study import PetabProblem as PetabProblem
 from ._petab_study import load as load_petab
-from ._petab_tables import PetabError as PetabError
-from ._petab_tables import PetabWarning as PetabWarning
+from ._petab_errors import PetabError as PetabError
+from ._petab_errors import PetabWarning as PetabWarning
 from ._study_file import FORMAT as FORMAT
 from ._study_file import StudyFile as StudyFile
 from ._study_file import load_study as load_study

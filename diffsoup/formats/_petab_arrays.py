@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._petab_tables import PetabError
+from ._petab_errors import PetabError
 
 _EXPERIMENT_ROW = re.compile(r"experiment '(.*?)' \(row (\d+)\)")
 # The model parameters a species set by some condition adds: "<species>:initial" (its value) and

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._settings import cache_dir as _settings_cache_dir
-from ._petab_tables import ObservableRow
+from ._petab_observables import ObservableRow
 from ._sympy_compile import PRINTER_VERSION, compile_functions
 
 CODEGEN_VERSION = "petab-1"

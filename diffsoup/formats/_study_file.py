@@ -75,8 +75,8 @@ using one of these is told to say ``format = "diffsoup-study/2"``)::
                                          # use (numbers or study parameters); experiments may
                                          # override them; expressions may also use `time`
 
-    [noise]                              # models gaussian, lognormal, laplace, loglaplace;
-    model = "gaussian"                   # sigma is the Laplace scale for the Laplace models
+    [noise]                              # models gaussian, lognormal, laplace, loglaplace, or the
+    model = "gaussian"                   # name of an AbstractNoise subclass; sigma is the spread
     sigma = 0.05
     [noise.observables]                  # per observable column, over the keys above
     A = {model = "lognormal", sigma = "sd_A", base = 10}   # base: lognormal/loglaplace (default e)
@@ -104,14 +104,17 @@ observables and noise)::
     y0 = {A = "A0"}                      # optional: a column (or a number) per species
     t0 = 0.0                             # optional
 
-The reader is split by concept: this module reads the study's tables into a ``ds.Study``;
-:mod:`._reader` checks values and locates errors (:class:`StudyFileError`), :mod:`._expressions`
-checks and evaluates the observable expressions, :mod:`._data_files` reads the CSV data files.
+The reader is split by concept: this module reads the file (``load_study``) and its ``[model]``;
+:mod:`._study_format` names the formats and their keys, :mod:`._study_settings` reads ``[solver]``,
+``[fit]`` and ``[[parameters]]``, :mod:`._study_noise` the noise, :mod:`._study_experiments` the
+``[[experiments]]`` tables, :mod:`._study_v2` what ``diffsoup-study/2`` adds (``[experiment_table]``,
+observable parameters, resets, ...); :mod:`._reader` checks values and locates errors
+(:class:`StudyFileError`), :mod:`._expressions` checks and evaluates the observable expressions,
+:mod:`._data_files` reads the CSV data files.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
 import importlib.util
@@ -120,55 +123,20 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from .._precision import Precision
-from ..inference import Experiment, Gaussian, Laplace, LogLaplace, LogNormal, Multishoot, Parameter, SolverOptions, Study
+from ..inference import Study
 from ..inference import lower as lower_study
-from ..inference.fitting._fides import DEFAULT_HESSIAN, HESSIANS
-from ..inference.fitting._fit import DEFAULT_METHOD, METHODS
-from ..inference.study._study import EXPERIMENT_LEVEL, SCALES, ParameterError
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
-from ._data_files import DataTable, read_data_table
-from ._expressions import EXPRESSION_FUNCTIONS, Observables, read_expressions
-from ._reader import StudyFileError, TomlReader, kind
-
-FORMAT = "diffsoup-study/1"
-FORMAT_2 = "diffsoup-study/2"
-FORMATS = (FORMAT, FORMAT_2)
-FORMAT_PREFIX = "diffsoup-study/"
-
-TOP_KEYS = ("format", "name", "description", "levels", "model", "observables", "solver", "noise", "fit",
-            "parameters", "experiments")  # fmt: skip
-MODEL_KEYS = ("species", "reactions", "parameters", "y0", "python", "linear_solver", "precision")
-SOLVER_KEYS = ("rtol", "atol", "max_steps", "checkpoints")
-NOISE_KEYS = ("model", "sigma")
-FIT_KEYS = ("method", "hessian", "hierarchical", "starts", "seed", "max_nfev", "objective")
-PARAMETER_KEYS = ("name", "nominal", "lower", "upper", "scale", "estimate", "level")
-EXPERIMENT_KEYS = ("id", "data", "observables", "y0", "conditions", "parameters", "groups", "noise", "t0",
-                   "multishoot")  # fmt: skip
-MULTISHOOT_KEYS = ("windows", "boundaries", "continuity_weight", "state_scale", "init", "lower", "upper")
-LINEAR_SOLVERS = ("auto", "dense", "klu", "cudss")
-PRECISIONS = ("fp64", "fp32", "fp32_factor", "fp32_ir")
-NOISE_MODELS = ("gaussian", "lognormal")
-# diffsoup-study/2: what the core gained (issue 19), each key refused with a pointer in /1 files.
-TOP_KEYS_2 = TOP_KEYS + ("observable_parameters", "experiment_table")
-EXPERIMENT_TABLE_KEYS = ("data", "observables", "conditions", "groups", "y0", "t0")
-EXPERIMENT_KEYS_2 = EXPERIMENT_KEYS + ("observable_parameters", "preequilibration", "resets", "discontinuities",
-                                       "steady_state")  # fmt: skip
-NOISE_KEYS_2 = ("model", "sigma", "base", "observables")
-NOISE_COLUMN_KEYS_2 = ("model", "sigma", "base")
-NOISE_MODELS_2 = ("gaussian", "lognormal", "laplace", "loglaplace")
-PREEQUILIBRATION_KEYS = ("conditions", "y0")
-RESET_KEYS = ("time", "set", "add")
-STEADY_STATE_KEYS = ("rtol", "atol", "horizon")
-TIME = "time"  # the measurement time's name in observable expressions (/2)
-OBJECTIVES = ("nll", "chi2")
-PETAB_SUFFIXES = (".yaml", ".yml")  # load_study reads these as PEtab v1 problems (ds.petab.load)
-# The [fit] settings a file does not give (and a PEtab problem's, which has no [fit]).
-DEFAULT_FIT = {"method": DEFAULT_METHOD, "hessian": DEFAULT_HESSIAN, "starts": 4, "seed": 0, "max_nfev": None,
-               "objective": "nll", "hierarchical": None}
+from ._expressions import read_expressions
+from ._reader import StudyFileError, TomlReader
+from ._study_experiments import ExperimentContext
+from ._study_format import FORMAT as FORMAT
+from ._study_format import (DEFAULT_FIT, FORMAT_2, FORMAT_PREFIX, FORMATS, LINEAR_SOLVERS, MODEL_KEYS, PETAB_SUFFIXES,
+                            PRECISIONS, TOP_KEYS, TOP_KEYS_2, refuse_newer_keys)  # fmt: skip
+from ._study_noise import read_noise
+from ._study_settings import read_fit, read_parameter, read_solver
+from ._study_v2 import observable_parameter_names, parameter_values, read_experiment_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +235,7 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
         raise r.error(("format",), f"{fmt!r} is not a diffsoup study file format; write format = {FORMAT_2!r}")
     version = FORMATS.index(fmt) + 1
     if version == 1:
-        _newer_keys(r, doc, TOP_KEYS_2, TOP_KEYS, ())
+        refuse_newer_keys(r, doc, TOP_KEYS_2, TOP_KEYS, ())
     r.keys(doc, TOP_KEYS_2 if version == 2 else TOP_KEYS, ())
     name = r.string(doc.get("name", path.stem), ("name",))
     levels = r.names(doc.get("levels", []), ("levels",))
@@ -276,16 +244,16 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     model_parameters = tuple(problem.parameter_names)
     extra_names: tuple = ()
     if version == 2:
-        extra_names = _observable_parameter_names(r, doc, model_parameters + states)
+        extra_names = observable_parameter_names(r, doc, model_parameters + states)
     expressions = read_expressions(r, r.table(doc.get("observables", {}), ("observables",)), states,
                                    model_parameters + extra_names)  # fmt: skip
-    solver = _solver(r, r.table(doc.get("solver", {}), ("solver",)))
-    fit = _fit(r, r.table(doc.get("fit", {}), ("fit",)))
-    default_noise = _noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",), version)
+    solver = read_solver(r, r.table(doc.get("solver", {}), ("solver",)))
+    fit = read_fit(r, r.table(doc.get("fit", {}), ("fit",)))
+    default_noise = read_noise(r, doc.get("noise", {"model": "gaussian", "sigma": 1.0}), ("noise",), version)
     raw_parameters = doc.get("parameters", None)
     if not isinstance(raw_parameters, list) or not raw_parameters:
         raise r.error(("parameters",), "give at least one [[parameters]] table (name, nominal, lower, upper)")
-    parameters = [_parameter(r, p, ("parameters", i), levels) for i, p in enumerate(raw_parameters)]
+    parameters = [read_parameter(r, p, ("parameters", i), levels) for i, p in enumerate(raw_parameters)]
     study_names = {p.name for p in parameters}
     for name in fit["hierarchical"] if isinstance(fit["hierarchical"], tuple) else ():
         r.known(name, [p.name for p in parameters if p.estimate], ("fit", "hierarchical"), "estimated parameter")
@@ -293,18 +261,18 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     if "experiment_table" in doc:
         if raw_experiments is not None:
             raise r.error(("experiment_table",), "give [[experiments]] tables or one [experiment_table], not both")
-        context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
+        context = ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
                                      study_names, levels, version=version)  # fmt: skip
-        study, names, data_file = _experiment_table(context, problem, parameters, doc["experiment_table"])
+        study, names, data_file = read_experiment_table(context, problem, parameters, doc["experiment_table"])
         return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit,
                          observables=dict.fromkeys(study.ids, names), data_files=(data_file,),
                          description=str(doc.get("description", "")), format=fmt)  # fmt: skip
     if not isinstance(raw_experiments, list) or not raw_experiments:
         raise r.error(("experiments",), "give at least one [[experiments]] table (id, data)")
-    context = _ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
+    context = ExperimentContext(r, path.parent, states, model_parameters, expressions, default_noise,
                                  study_names, levels, version=version)  # fmt: skip
     if version == 2:
-        context.default_observable_parameters = _parameter_values(
+        context.default_observable_parameters = parameter_values(
             r, doc.get("observable_parameters", {}), ("observable_parameters",), study_names)
     experiments, observed = [], {}
     seen: dict[str, int] = {}
@@ -322,146 +290,6 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     return StudyFile(path=path, name=name, study=study, solver=solver, fit=fit, observables=observed,
                      data_files=tuple(context.tables), description=str(doc.get("description", "")),
                      format=fmt)  # fmt: skip
-
-
-def _experiment_table(context: "_ExperimentContext", problem: Any, parameters: list, raw: Any):
-    """The study of ``[experiment_table]`` (/2): every experiment from one data file, held as arrays
-    (``ds.Study.from_table``); returns ``(study, observable names, data file)``."""
-    r, field = context.r, ("experiment_table",)
-    raw = r.table(raw, field)
-    r.keys(raw, EXPERIMENT_TABLE_KEYS, field)
-    if "data" not in raw:
-        raise r.error(field, 'an experiment table needs data = "file.csv" (or .parquet)')
-    file = (context.base / r.string(raw["data"], field + ("data",))).resolve()
-    if not file.exists():
-        raise r.error(field + ("data",), f"data file {file} does not exist")
-    conditions = raw.get("conditions", [])
-    if isinstance(conditions, list):
-        conditions = {c: c for c in r.names(conditions, field + ("conditions",))}
-    conditions = {k: r.string(v, field + ("conditions", k))
-                  for k, v in r.table(conditions, field + ("conditions",)).items()}  # fmt: skip
-    for k in conditions:
-        r.known(k, context.model_parameters, field + ("conditions", k), "model parameter")
-    groups = {k: r.string(v, field + ("groups", k)) for k, v in r.table(raw.get("groups", {}), field + ("groups",)).items()}
-    for k in groups:
-        r.known(k, context.levels, field + ("groups", k), "level")
-    for level in context.levels:
-        if level not in groups:
-            raise r.error(field + ("groups",),
-                          f"names no column for level {level!r}; write groups = {{{level} = \"column\"}}")  # fmt: skip
-    y0 = {}
-    for k, v in r.table(raw.get("y0", {}), field + ("y0",)).items():
-        r.known(k, context.states, field + ("y0", k), "species")
-        y0[k] = v if isinstance(v, str) else r.number(v, field + ("y0", k))
-    t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
-    from ..inference.study._study_table import read_table
-
-    try:
-        df = read_table(file)
-    except (ValueError, ImportError, OSError) as exc:
-        raise r.error(field + ("data",), f"{file}: {exc}") from None
-    taken = {"experiment", "time", *conditions.values(), *groups.values(), *(v for v in y0.values() if isinstance(v, str))}
-    if "observables" in raw:
-        names = r.names(raw["observables"], field + ("observables",))
-    else:
-        names = [c for c in df.columns if c not in taken and not str(c).startswith("sigma:")]
-    for n in names:
-        r.known(n, list(context.states) + list(context.expressions), field + ("observables",),
-                "observable (a species or an [observables] name)")  # fmt: skip
-    used = set()
-    for n in names:
-        if n in context.expressions:
-            used |= {node.id for node in ast.walk(context.expressions[n]) if isinstance(node, ast.Name)}
-    extra = sorted(used - set(context.states) - set(context.model_parameters) - {TIME} - set(EXPRESSION_FUNCTIONS))
-    if extra:
-        raise r.error(field + ("observables",), f"the observables use {extra} (observable parameters), which an "
-                      "experiment table does not give; use [[experiments]] tables")  # fmt: skip
-    noise = context.default_noise
-    if isinstance(noise, _NoiseSpec):
-        columns = noise.columns(names)
-        shared = all(c == columns[0] for c in columns)
-        noise = _noise_model(columns[0], columns[0]["sigma"]) if shared else \
-            [_noise_model(c, c["sigma"]) for c in columns]  # fmt: skip
-    observables = context.observables(tuple(names))
-    try:
-        study = Study.from_table(problem, df, parameters=parameters, observable_names=names, observables=observables,
-                                 noise=noise, conditions=conditions, groups=groups, levels=tuple(context.levels),
-                                 y0=y0 or None, t0=t0)  # fmt: skip
-    except (ValueError, TypeError) as exc:
-        raise r.error(field, str(exc)) from None
-    return study, list(names), file
-
-
-def _newer_keys(r: TomlReader, table: Mapping, newer: tuple, allowed: tuple, field: tuple) -> None:
-    """A diffsoup-study/2 key in a /1 file: say which format it needs."""
-    for key in table:
-        if key in newer and key not in allowed:
-            raise r.error(field + (key,), f"{key!r} needs format = {FORMAT_2!r} (this file says {FORMAT!r})")
-
-
-def _observable_parameter_names(r: TomlReader, doc: Mapping, taken: tuple) -> tuple:
-    """Every observable-parameter name of a /2 file (top level and experiments): expressions may
-    use them, and ``time``."""
-    names: dict[str, tuple] = {}
-    tables = [(doc.get("observable_parameters", {}), ("observable_parameters",))]
-    for i, raw in enumerate(doc.get("experiments", []) if isinstance(doc.get("experiments"), list) else []):
-        if isinstance(raw, Mapping) and "observable_parameters" in raw:
-            tables.append((raw["observable_parameters"], ("experiments", i, "observable_parameters")))
-    for table, field in tables:
-        for k in r.table(table, field):
-            if k in taken or k == TIME:
-                raise r.error(field + (k,), f"{k!r} is a species or model parameter (or 'time'); give observable "
-                              "parameters names of their own")  # fmt: skip
-            names.setdefault(k, field)
-    if TIME in taken:
-        raise r.error(("model",), "the model has a species or parameter named 'time', which observable expressions "
-                      "of diffsoup-study/2 read as the measurement time; rename it")  # fmt: skip
-    return tuple(names) + (TIME,)
-
-
-def _parameter_values(r: TomlReader, table: Any, field: tuple, study_names) -> dict:
-    """A table name -> number or study-parameter name (a string)."""
-    table = r.table(table, field)
-    out: dict[str, Any] = {}
-    for k, v in table.items():
-        if isinstance(v, str):
-            r.known(v, study_names, field + (k,), "study parameter")
-            out[k] = v
-        else:
-            out[k] = r.number(v, field + (k,))
-    return out
-
-
-class _TimedObservables:
-    """``observables(t, y, p)`` of a /2 file: the expressions see the measurement time as ``time``
-    (and the experiment's observable parameters, which are in ``p``)."""
-
-    def __init__(self, inner: Observables):
-        self.inner = inner
-
-    def __call__(self, t, y, p):
-        return self.inner(y, {**p, TIME: t})
-
-    def __repr__(self) -> str:
-        return repr(self.inner)
-
-
-def _state_reset(time: float, set_: Mapping[str, float], add: Mapping[str, float], states: tuple):
-    from ..integrate import Reset
-
-    set_idx = np.array([states.index(s) for s in set_], dtype=np.int64)
-    set_val = np.array(list(set_.values()), dtype=np.float64)
-    add_idx = np.array([states.index(s) for s in add], dtype=np.int64)
-    add_val = np.array(list(add.values()), dtype=np.float64)
-
-    def apply(t, y, p):
-        if set_idx.size:
-            y = y.at[set_idx].set(set_val.astype(y.dtype))
-        if add_idx.size:
-            y = y.at[add_idx].add(add_val.astype(y.dtype))
-        return y
-
-    return Reset(time, apply)
 
 
 def _missing(r: TomlReader, key: str):
@@ -565,344 +393,3 @@ def _python_model(r: TomlReader, target: str, base: Path, log: Callable[[str], A
         except Exception as exc:
             raise r.error(field, f"calling {attr}() failed: {type(exc).__name__}: {exc}") from None
     return value
-
-
-def _solver(r: TomlReader, table: dict):
-    r.keys(table, SOLVER_KEYS, ("solver",))
-    values = {}
-    for key in ("rtol", "atol"):
-        if key in table:
-            values[key] = r.number(table[key], ("solver", key), positive=True)
-    for key in ("max_steps", "checkpoints"):
-        if key in table:
-            values[key] = r.integer(table[key], ("solver", key), minimum=1)
-    return SolverOptions(**values)
-
-
-def _fit(r: TomlReader, table: dict) -> dict:
-    r.keys(table, FIT_KEYS, ("fit",))
-    max_nfev = table.get("max_nfev", None)
-    method = r.string(table.get("method", DEFAULT_FIT["method"]), ("fit", "method"), METHODS)
-    if "hessian" in table and method != "fides":
-        raise r.error(("fit", "hessian"), f"applies to method \"fides\" only (method is {method!r}); remove it "
-                                          f"or set method = \"fides\"")  # fmt: skip
-    return {
-        "method": method,
-        "hessian": r.string(table.get("hessian", DEFAULT_FIT["hessian"]), ("fit", "hessian"), HESSIANS),
-        "starts": r.integer(table.get("starts", DEFAULT_FIT["starts"]), ("fit", "starts"), minimum=1),
-        "seed": r.integer(table.get("seed", DEFAULT_FIT["seed"]), ("fit", "seed")),
-        "max_nfev": None if max_nfev is None else r.integer(max_nfev, ("fit", "max_nfev"), minimum=1),
-        "objective": r.string(table.get("objective", DEFAULT_FIT["objective"]), ("fit", "objective"), OBJECTIVES),
-        "hierarchical": _hierarchical(r, table.get("hierarchical", DEFAULT_FIT["hierarchical"])),
-    }
-
-
-def _hierarchical(r: TomlReader, value: Any) -> bool | tuple[str, ...] | None:
-    """``[fit] hierarchical``: true, false, or the names of the parameters to optimize analytically
-    (checked against the estimated parameters once those are read); None where the file does not
-    say (``fit``'s default: the noise levels that qualify)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, list):
-        names = r.names(value, ("fit", "hierarchical"))
-        if not names:
-            raise r.error(("fit", "hierarchical"), "is an empty list; write false, true or the parameters' names")
-        return tuple(names)
-    raise r.error(("fit", "hierarchical"), f"must be true, false or a list of parameter names, not {kind(value)}")
-
-
-def _noise(r: TomlReader, table: Any, field: tuple, version: int = 1):
-    """A noise model (/1), or a :class:`_NoiseSpec` (/2: models with ``base``, Laplace, per observable)."""
-    table = r.table(table, field)
-    if version == 1:
-        _newer_keys(r, table, NOISE_KEYS_2, NOISE_KEYS, field)
-        r.keys(table, NOISE_KEYS, field)
-        model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS)
-        sigma = table.get("sigma", 1.0 if model == "gaussian" else 0.1)
-        if not isinstance(sigma, str):
-            sigma = r.number(sigma, field + ("sigma",), positive=True)
-        return (Gaussian if model == "gaussian" else LogNormal)(sigma)
-    r.keys(table, NOISE_KEYS_2, field)
-    default = _noise_column(r, {k: v for k, v in table.items() if k != "observables"}, field)
-    per = {}
-    for name, sub in r.table(table.get("observables", {}), field + ("observables",)).items():
-        sub = r.table(sub, field + ("observables", name))
-        r.keys(sub, NOISE_COLUMN_KEYS_2, field + ("observables", name))
-        per[name] = _noise_column(r, {k: v for k, v in table.items() if k != "observables"} | sub,
-                                  field + ("observables", name))  # fmt: skip
-    return _NoiseSpec(default, per, field)
-
-
-def _noise_column(r: TomlReader, table: Mapping, field: tuple) -> dict:
-    """One column's noise of a /2 file: ``{"model", "sigma", "base"}`` checked."""
-    model = r.string(table.get("model", "gaussian"), field + ("model",), NOISE_MODELS_2)
-    sigma = table.get("sigma", 1.0 if model in ("gaussian", "laplace") else 0.1)
-    if not isinstance(sigma, str):
-        sigma = r.number(sigma, field + ("sigma",), positive=True)
-    base = None
-    if "base" in table:
-        if model not in ("lognormal", "loglaplace"):
-            raise r.error(field + ("base",), f"only lognormal and loglaplace noise have a base (this is {model})")
-        base = r.number(table["base"], field + ("base",), positive=True)
-        if base == 1.0:
-            raise r.error(field + ("base",), "the logarithm's base must not be 1 (use 2.718281828459045 or 10)")
-    return {"model": model, "sigma": sigma, "base": base}
-
-
-@dataclasses.dataclass(frozen=True)
-class _NoiseSpec:
-    """The noise of a /2 file or experiment: a default column and per-observable columns."""
-
-    default: dict
-    per_observable: dict
-    field: tuple
-
-    def columns(self, names) -> list[dict]:
-        return [self.per_observable.get(n, self.default) for n in names]
-
-
-_NOISE_CLASSES = {"gaussian": Gaussian, "lognormal": LogNormal, "laplace": Laplace, "loglaplace": LogLaplace}
-
-
-def _noise_model(column: dict, spread):
-    kw = {} if column["base"] is None else {"base": column["base"]}
-    return _NOISE_CLASSES[column["model"]](spread, **kw)
-
-
-def _parameter(r: TomlReader, raw: Any, field: tuple, levels: list[str]):
-    raw = r.table(raw, field)
-    r.keys(raw, PARAMETER_KEYS, field)
-    if "name" not in raw:
-        raise r.error(field, "a parameter needs name = ..., and nominal or lower and upper")
-    values: dict[str, Any] = {"name": r.string(raw["name"], field + ("name",))}
-    for key in ("nominal", "lower", "upper"):
-        if key in raw:
-            values[key] = r.number(raw[key], field + (key,))
-    if "scale" in raw:
-        values["scale"] = r.string(raw["scale"], field + ("scale",), SCALES)
-    if "estimate" in raw:
-        if not isinstance(raw["estimate"], bool):
-            raise r.error(field + ("estimate",), f"must be true or false, not {raw['estimate']!r}")
-        values["estimate"] = raw["estimate"]
-    if "level" in raw:
-        values["level"] = r.string(raw["level"], field + ("level",))
-        r.known(values["level"], levels + [EXPERIMENT_LEVEL], field + ("level",), "level")
-    try:
-        return Parameter(**values)
-    except ParameterError as exc:  # at the line of the key at fault, when the file has it
-        key = exc.key if exc.key in raw else None
-        raise r.error(field + ((key,) if key else ()), str(exc)) from None
-
-
-class _ExperimentContext:
-    def __init__(self, r, base, states, model_parameters, expressions, default_noise, study_names, levels, *,
-                 version: int = 1):  # fmt: skip
-        self.r, self.base = r, base
-        self.version = version
-        self.default_observable_parameters: dict = {}
-        self.resets: dict[tuple, Any] = {}
-        self.states, self.model_parameters = states, model_parameters
-        self.expressions, self.default_noise = expressions, default_noise
-        self.study_names, self.levels = study_names, levels
-        self.observable_functions: dict[tuple, Any] = {}
-        self.tables: dict[Path, DataTable] = {}
-
-    def experiment(self, raw: Any, field: tuple):
-        r = self.r
-        raw = r.table(raw, field)
-        if self.version == 1:
-            _newer_keys(r, raw, EXPERIMENT_KEYS_2, EXPERIMENT_KEYS, field)
-        r.keys(raw, EXPERIMENT_KEYS_2 if self.version == 2 else EXPERIMENT_KEYS, field)
-        for key in ("id", "data"):
-            if key not in raw:
-                raise r.error(field, f"an experiment needs {key} = ...")
-        eid = r.string(raw["id"], field + ("id",))
-        if "[" in eid or "]" in eid:
-            raise r.error(field + ("id",), f"{eid!r} must not hold '[' or ']' (they name level members)")
-        times, columns, data, sigmas = self.data(r.string(raw["data"], field + ("data",)), eid, field + ("data",))
-        if "observables" in raw:
-            names = r.names(raw["observables"], field + ("observables",))
-            for n in names:
-                r.known(n, list(self.states) + list(self.expressions), field + ("observables",), "observable "
-                        "(a species or an [observables] name)")  # fmt: skip
-                if n not in columns:
-                    raise r.error(field + ("data",), f"the data file has no column {n!r} for observable {n!r} "
-                                  f"(its columns: {', '.join(columns)})")  # fmt: skip
-            order = [columns.index(n) for n in names]
-            data, sigmas = data[:, order], sigmas[:, order]
-        else:
-            names = list(columns)
-            for n in names:
-                if n not in self.states and n not in self.expressions:
-                    raise r.error(field + ("data",), f"column {n!r} of the data file is neither a species nor an "
-                                  f"[observables] name; species: {', '.join(self.states)}")  # fmt: skip
-        observables = self.observables(tuple(names))
-        noise = self.default_noise if "noise" not in raw else _noise(r, raw["noise"], field + ("noise",), self.version)
-        if isinstance(noise, _NoiseSpec):
-            noise = self.noise_2(noise, names, sigmas, field)
-        elif np.any(np.isfinite(sigmas)):
-            if isinstance(noise.sigma, str):
-                raise r.error(field + ("data",), "the data file gives sigma: columns but the noise's sigma is the "
-                              f"estimated parameter {noise.sigma!r}; keep one")  # fmt: skip
-            sigmas = np.where(np.isfinite(sigmas), sigmas, noise.sigma)
-            noise = type(noise)(sigmas)
-        if not isinstance(noise, list) and isinstance(noise.sigma, str):
-            r.known(noise.sigma, self.study_names, field + ("noise", "sigma"), "study parameter")
-        conditions = r.values(raw.get("conditions", {}), field + ("conditions",))
-        for k in conditions:
-            r.known(k, self.model_parameters, field + ("conditions", k), "model parameter")
-        mapping = r.table(raw.get("parameters", {}), field + ("parameters",))
-        for k, v in mapping.items():
-            r.known(k, self.model_parameters, field + ("parameters", k), "model parameter")
-            r.known(r.string(v, field + ("parameters", k)), self.study_names, field + ("parameters", k), "study parameter")
-        y0 = None
-        if "y0" in raw:
-            y0 = self.initial_state(raw["y0"], field + ("y0",))
-        groups = r.table(raw.get("groups", {}), field + ("groups",))
-        for k, v in groups.items():
-            r.known(k, self.levels, field + ("groups", k), "level")
-            r.string(v, field + ("groups", k))
-        for level in self.levels:
-            if level not in groups:
-                raise r.error(field + ("groups",), f"names no member of level {level!r}; write groups = {{{level} = \"...\"}}")
-        t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
-        trajectory = self.multishoot(raw["multishoot"], field + ("multishoot",)) if "multishoot" in raw else None
-        extra = self.version_2(raw, field, names) if self.version == 2 else {}
-        try:
-            experiment = Experiment(eid, times, data, observables=observables, noise=noise, conditions=conditions,
-                                    parameters=mapping, y0=y0, groups=groups, t0=t0, trajectory=trajectory,
-                                    **extra)  # fmt: skip
-        except (ValueError, TypeError) as exc:
-            raise r.error(field, str(exc)) from None
-        return experiment, names
-
-    def observables(self, names: tuple):
-        if names == self.states:
-            return None  # every state observed in order: data-initialized window starts work
-        if names not in self.observable_functions:
-            inner = Observables(names, self.states, self.expressions)
-            self.observable_functions[names] = _TimedObservables(inner) if self.version == 2 else inner
-        return self.observable_functions[names]
-
-    # -- diffsoup-study/2 -------------------------------------------------------------------------
-    def initial_state(self, table: Any, field: tuple) -> dict:
-        """An experiment's (or pre-equilibration's) ``y0``: species -> number (or, /2, a study
-        parameter's name: an estimated initial amount)."""
-        if self.version == 1:
-            values: dict = self.r.values(table, field)
-        else:
-            values = _parameter_values(self.r, table, field, self.study_names)
-        for k in values:
-            self.r.known(k, self.states, field + (k,), "species")
-        return values
-
-    def noise_2(self, spec: _NoiseSpec, names, sigmas, field: tuple):
-        """The noise models of a /2 experiment: one, or one per column where they differ; the data
-        file's ``sigma:`` columns give per-value spreads."""
-        r = self.r
-        columns = spec.columns(names)
-        if spec.field[0] == "experiments":  # an experiment's own noise names its own columns
-            for n in spec.per_observable:
-                r.known(n, list(names), spec.field + ("observables", n), "observable of this experiment")
-        for j, c in enumerate(columns):
-            if isinstance(c["sigma"], str):
-                r.known(c["sigma"], self.study_names, spec.field + ("sigma",), "study parameter")
-                if np.any(np.isfinite(sigmas[:, j])):
-                    raise r.error(field + ("data",), f"the data file gives sigma:{names[j]} but the noise's sigma of "
-                                  f"{names[j]!r} is the estimated parameter {c['sigma']!r}; keep one")  # fmt: skip
-        shared = all(c == columns[0] for c in columns)
-        given = np.isfinite(sigmas)
-        if shared:
-            c = columns[0]
-            spread = np.where(given, sigmas, c["sigma"]) if np.any(given) else c["sigma"]
-            return _noise_model(c, spread)
-        return [_noise_model(c, np.where(given[:, j], sigmas[:, j], c["sigma"]) if np.any(given[:, j]) else c["sigma"])
-                for j, c in enumerate(columns)]  # fmt: skip
-
-    def version_2(self, raw: Mapping, field: tuple, names) -> dict:
-        """The /2 keys of an experiment as ``Experiment`` arguments."""
-        from ..inference import Preequilibration
-
-        r, out = self.r, {}
-        params = dict(self.default_observable_parameters)
-        params.update(_parameter_values(r, raw.get("observable_parameters", {}), field + ("observable_parameters",),
-                                        self.study_names))  # fmt: skip
-        used = set()
-        for n in names:
-            if n in self.expressions:
-                used |= {node.id for node in ast.walk(self.expressions[n]) if isinstance(node, ast.Name)}
-        missing = sorted(used - set(self.states) - set(self.model_parameters) - set(params) - {TIME}
-                         - set(EXPRESSION_FUNCTIONS))  # fmt: skip
-        if missing:
-            raise r.error(field + ("observable_parameters",), f"the observables use {missing}, which this experiment's "
-                          "observable_parameters (or the top-level ones) do not give")  # fmt: skip
-        out["observable_parameters"] = params
-        if "preequilibration" in raw:
-            pf = field + ("preequilibration",)
-            pre = r.table(raw["preequilibration"], pf)
-            r.keys(pre, PREEQUILIBRATION_KEYS, pf)
-            conditions = _parameter_values(r, pre.get("conditions", {}), pf + ("conditions",), self.study_names)
-            for k in conditions:
-                r.known(k, self.model_parameters, pf + ("conditions", k), "model parameter")
-            y0 = self.initial_state(pre["y0"], pf + ("y0",)) if "y0" in pre else None
-            out["preequilibration"] = Preequilibration(conditions=conditions, y0=y0)
-        if "resets" in raw:
-            resets = raw["resets"]
-            if not isinstance(resets, list):
-                raise r.error(field + ("resets",), "must be a list of tables {time = ..., set = {...}, add = {...}}")
-            out["resets"] = tuple(self.reset(x, field + ("resets", i)) for i, x in enumerate(resets))
-        if "discontinuities" in raw:
-            values = raw["discontinuities"]
-            if not isinstance(values, list):
-                raise r.error(field + ("discontinuities",), "must be a list of times, e.g. [3.0, 10.0]")
-            out["discontinuities"] = tuple(sorted(r.number(v, field + ("discontinuities",)) for v in values))
-        if "steady_state" in raw:
-            from ..integrate import SteadyState
-
-            sf = field + ("steady_state",)
-            table = r.table(raw["steady_state"], sf)
-            r.keys(table, STEADY_STATE_KEYS, sf)
-            out["steady_state"] = SteadyState(**{k: r.number(v, sf + (k,), positive=True) for k, v in table.items()})
-        return out
-
-    def reset(self, raw: Any, field: tuple):
-        """A ``ds.Reset`` at a time: ``set`` states to numbers, ``add`` numbers to states (the
-        same reset object for equal tables, so that experiments sharing it are vmapped together)."""
-        r = self.r
-        raw = r.table(raw, field)
-        r.keys(raw, RESET_KEYS, field)
-        if "time" not in raw:
-            raise r.error(field, "a reset needs time = ...")
-        time = r.number(raw["time"], field + ("time",))
-        if not np.isfinite(time):
-            raise r.error(field + ("time",), f"must be finite, not {time}")
-        set_, add = (r.values(raw.get(k, {}), field + (k,)) for k in ("set", "add"))
-        for table, k in ((set_, "set"), (add, "add")):
-            for s in table:
-                r.known(s, self.states, field + (k, s), "species")
-        if not set_ and not add:
-            raise r.error(field, "a reset needs set = {species = value} or add = {species = amount}")
-        key = (time, tuple(sorted(set_.items())), tuple(sorted(add.items())))
-        if key not in self.resets:
-            self.resets[key] = _state_reset(time, set_, add, self.states)
-        return self.resets[key]
-
-    def multishoot(self, raw: Any, field: tuple):
-        raw = self.r.table(raw, field)
-        self.r.keys(raw, MULTISHOOT_KEYS, field)
-        try:
-            return Multishoot(**raw)
-        except (ValueError, TypeError) as exc:
-            raise self.r.error(field, str(exc)) from None
-
-    def data(self, name: str, eid: str, field: tuple):
-        """(times, observable columns, values (m, k), sigmas (m, k) NaN where not given) of one experiment."""
-        file = (self.base / name).resolve()
-        if not file.is_file():
-            raise self.r.error(field, f"data file {name!r} not found (looked for {file})")
-        if file not in self.tables:
-            self.tables[file] = read_data_table(file)
-        data = self.tables[file].experiment(eid)
-        if data is None:
-            raise self.r.error(field, f"{name} has no rows whose experiment column is {eid!r}")
-        return data

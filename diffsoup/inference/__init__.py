@@ -10,6 +10,8 @@ task per start) live in :mod:`diffsoup.distributed` beside the other execution c
 ``load_study``, ``StudyFile``, ``StudyFileError`` in :mod:`diffsoup.formats`.
 """
 
+from typing import TYPE_CHECKING
+
 from .objective._abstract_lowered import AbstractLoweredStudy as AbstractLoweredStudy
 from .objective._balance import balance_owners as balance_owners
 from .study._experiment import Experiment as Experiment
@@ -45,6 +47,27 @@ from .shooting._windows import reset_window_solves as reset_window_solves
 from .shooting._windows import window_solves as window_solves
 
 from .._lazy import lazy_attributes
+
+# The same names for type checkers, IDEs and the API reference (never run: they load lazily).
+if TYPE_CHECKING:
+    from .fitting._fit import fit as fit
+    from .fitting._fit import FitResult as FitResult
+    from .fitting._fit import StartResult as StartResult
+    from .fitting._optimizers import AbstractOptimizer as AbstractOptimizer
+    from .fitting._optimizers import TRF as TRF
+    from .fitting._optimizers import LBFGSB as LBFGSB
+    from .fitting._fides import Fides as Fides
+    from .fitting._samplers import ParameterBox as ParameterBox
+    from .fitting._samplers import SobolIndices as SobolIndices
+    from .fitting._samplers import latin_hypercube as latin_hypercube
+    from .fitting._samplers import sobol as sobol
+    from .fitting._profile_likelihood import ParameterProfile as ParameterProfile
+    from .fitting._profile_likelihood import ProfileOptions as ProfileOptions
+    from .fitting._profile_likelihood import ProfileResult as ProfileResult
+    from .fitting._profile_likelihood import profile_parameter as profile_parameter
+    from .fitting._pypesto import pypesto_objective as pypesto_objective
+    from .fitting._pypesto import pypesto_problem as pypesto_problem
+
 
 # name -> the module that defines it, loaded on first attribute access. The fitting room (its
 # optimizers bring scipy.optimize, fides and pyPESTO when they run) loads on first use, so that

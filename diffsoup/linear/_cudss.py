@@ -7,7 +7,7 @@ handler built or buildable with nvcc — compiles the handler on first use into 
 (``diffsoup.linear._cudss_build``; ahead of time: ``python -m diffsoup.linear._cudss_build``),
 registers its targets with XLA, and raises a ``RuntimeError`` saying what is missing otherwise.
 
-How the solver maps onto cuDSS (``_cudss/diffsoup_cudss.cu`` holds the C++ side):
+How the solver maps onto cuDSS (``_cudss_ffi/diffsoup_cudss.cu`` holds the C++ side):
 
 * ``begin`` runs cuDSS's analysis (reordering and symbolic factorization) on the pattern, once
   per process and key (device, pattern, dtype, batch size, slot, settings): the C++ registry

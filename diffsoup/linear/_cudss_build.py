@@ -1,4 +1,4 @@
-"""Finding cuDSS and compiling diffsoup's cuDSS FFI handler (``_cudss/diffsoup_cudss.cu``).
+"""Finding cuDSS and compiling diffsoup's cuDSS FFI handler (``_cudss_ffi/diffsoup_cudss.cu``).
 
 The handler is compiled on first use of ``ds.linear.CuDSS`` into a cache directory, or ahead of
 time with::
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .._settings import settings
 
-SOURCE = Path(__file__).resolve().parent / "_cudss" / "diffsoup_cudss.cu"
+SOURCE = Path(__file__).resolve().parent / "_cudss_ffi" / "diffsoup_cudss.cu"
 LIBRARY_NAME = "libdiffsoup_cudss.so"
 CUDSS_SONAME = "libcudss.so.1"
 # Ampere and Hopper machine code plus PTX for later chips; the handler has two tiny kernels.

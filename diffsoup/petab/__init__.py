@@ -6,14 +6,15 @@
     nll = lowered.value(problem.nominal)      # the negative log-likelihood (= -petab's llh)
     problem.write_simulation_table("simulation.tsv")
 
-The importer lives in ``diffsoup.formats`` (``_petab_tables``: reading and checking the tables;
-``_petab_formulas``: observable and noise formulas compiled to JAX; ``_petab_study``: the study;
-``_petab_simulation``: simulation tables). The ``diffsoup`` command accepts a PEtab YAML file
-wherever it accepts a study file.
+The importer lives in ``diffsoup.formats`` (``_petab_tables``: reading and checking the tables,
+one module per table kind beside it; ``_petab_formulas``: observable and noise formulas compiled
+to JAX; ``_petab_study``: ``load``, with ``_petab_builder`` making the study and ``_petab_problem``
+holding it; ``_petab_simulation``: simulation tables). The ``diffsoup`` command accepts a PEtab
+YAML file wherever it accepts a study file.
 """
 
 from ..formats._petab_simulation import write_simulation_table as write_simulation_table
 from ..formats._petab_study import PetabProblem as PetabProblem
 from ..formats._petab_study import load as load
-from ..formats._petab_tables import PetabError as PetabError
-from ..formats._petab_tables import PetabWarning as PetabWarning
+from ..formats._petab_errors import PetabError as PetabError
+from ..formats._petab_errors import PetabWarning as PetabWarning

@@ -1,4 +1,5 @@
-"""Stores: the JSON ledger of campaigns, and beside it the Zarr stores of window starts, results and ensembles.
+"""Stores: the JSON ledger of campaigns (with the fingerprints of its items and its durable
+writes), and beside it the Zarr stores of window starts, results and ensembles.
 
 Importing this package imports neither Dask nor zarr: the Zarr stores load on first access.
 """
@@ -9,9 +10,9 @@ from ._ledger import Ledger as Ledger
 from ._ledger import LedgerConflictError as LedgerConflictError
 from ._ledger import LedgerError as LedgerError
 from ._ledger import LedgerLockedError as LedgerLockedError
-from ._ledger import backup_ledger as backup_ledger
-from ._ledger import fingerprint as fingerprint
-from ._ledger import write_text_durably as write_text_durably
+from ._durable_files import backup_ledger as backup_ledger
+from ._durable_files import write_text_durably as write_text_durably
+from ._fingerprint import fingerprint as fingerprint
 
 from .._settings import cache_dir as cache_dir
 

@@ -165,7 +165,7 @@ class EnsembleStore:
                     f"to_zarr: {path} holds another ensemble (fingerprint {found.get('fingerprint')}, this one "
                     f"{layout.fingerprint}: other model, times, options, inputs or chunks). Write to another path, "
                     "or pass overwrite=True to replace it. To resume, build the inputs the same way (NumPy arrays, "
-                    "da.from_array, ds.distributed.sample with its seed) and keep chunk_size."
+                    "da.from_array, ds.distributed.sample with its seed) and keep draws_per_chunk."
                 )
             return cls(path, layout)
         if path.exists():

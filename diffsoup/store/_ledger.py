@@ -31,22 +31,28 @@ Writes go to a temporary file in the same directory, which is flushed, fsynced a
 ledger with ``os.replace``, after which the directory is fsynced: a reader (or a rerun after a
 crash or SIGKILL) sees either the previous ledger or the new one, never a partial file. Only one
 process writes a ledger: :func:`ledger_lock` holds an advisory lock for the whole campaign.
+
+The pieces live beside it: fingerprints of items in :mod:`._fingerprint`, durable writes and
+backups in :mod:`._durable_files`; this module holds the errors, the records' checks and
+checksums, the lock, and the :class:`Ledger` itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
-import enum
 import hashlib
 import json
 import os
-import re
 import warnings
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from ._durable_files import backup_ledger as backup_ledger
+from ._durable_files import remove_stale_temporaries as remove_stale_temporaries
+from ._durable_files import write_text_durably as write_text_durably
+from ._fingerprint import fingerprint as fingerprint
 
 LEDGER_FORMAT = "diffsoup-ledger"
 LEDGER_VERSION = 2
@@ -67,7 +73,6 @@ RECORD_FIELDS = (
 )
 _HEADER_FIELDS = ("format", "version", "campaign", "checksum", "function", "created", "updated", "tasks")
 _HEADER_FIELDS_V1 = ("format", "version", "campaign", "function", "created", "updated", "tasks")
-_TMP_SUFFIX = ".tmp"
 
 
 class LedgerError(ValueError):
@@ -102,80 +107,8 @@ def now_iso() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Fingerprints
+# Checksums of the records
 # --------------------------------------------------------------------------------------------
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _canonical(value: Any, where: str) -> Any:
-    """A JSON-able form of ``value`` that is the same in every process and on every machine.
-
-    Sets are sorted (their iteration order depends on PYTHONHASHSEED), objects become their type
-    name plus their fields, arrays their nested lists; a repr holding a memory address would
-    differ between runs, so it is refused rather than silently making every rerun a conflict.
-    """
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        # json writes nan/inf as NaN/Infinity; fine for a hash, and keeps 1.0 != 1.
-        return value
-    if isinstance(value, enum.Enum):
-        return {"__enum__": f"{type(value).__qualname__}.{value.name}"}
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            name = key if isinstance(key, str) else repr(_canonical(key, where))
-            out[name] = _canonical(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_canonical(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, (Set, frozenset)):
-        parts = [_canonical(item, f"{where}{{...}}") for item in value]
-        return {"__set__": sorted(parts, key=lambda p: json.dumps(p, sort_keys=True))}
-    if isinstance(value, (bytes, bytearray)):
-        return {"__bytes__": bytes(value).hex()}
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist) and hasattr(value, "dtype"):
-        # NumPy and JAX arrays and scalars; a scalar counts as the Python number it holds, as a
-        # NumPy float64 (a float subclass) already does above.
-        if getattr(value, "ndim", None) == 0:
-            return _canonical(tolist(), where)
-        return {"__array__": _canonical(tolist(), where), "dtype": str(value.dtype)}
-    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
-        return {"__callable__": f"{getattr(value, '__module__', '')}.{value.__qualname__}"}
-    if dataclasses.is_dataclass(value):
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        return {"__type__": type(value).__qualname__, "fields": _canonical(fields, where)}
-    if hasattr(value, "__dict__"):
-        return {"__type__": type(value).__qualname__, "fields": _canonical(vars(value), where)}
-    text = repr(value)
-    if _ADDRESS.search(text):
-        raise TypeError(
-            f"{where} = {text} cannot be fingerprinted stably: its repr holds a memory address, "
-            "which changes from run to run. Give it a __repr__ without the address, make it a "
-            "dataclass, or pass a mapping."
-        )
-    return {"__repr__": f"{type(value).__qualname__}:{text}"}
-
-
-def fingerprint(item: Any) -> str:
-    """A stable hash of a campaign item: the same item gives the same string in any process.
-
-    Args:
-        item: a mapping, a dataclass, an object with a ``__dict__``, or any value whose ``repr``
-            does not hold a memory address. Nested values follow the same rules; NumPy and JAX
-            arrays count by their values and dtype, sets regardless of order.
-
-    Returns:
-        The hex SHA-256 of the item's canonical JSON (sorted keys, no whitespace).
-
-    Raises:
-        TypeError: if part of the item only has a repr with a memory address.
-    """
-    canonical = _canonical(item, "item")
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def campaign_fingerprint(tasks: Mapping[str, Mapping[str, Any]]) -> str:
@@ -197,109 +130,9 @@ def records_checksum(digests: Mapping[str, str]) -> str:
     text = json.dumps(sorted(digests.items()), separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
-
 # --------------------------------------------------------------------------------------------
-# Durable writes, backups and the lock
+# The lock
 # --------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows, or a file system that refuses it: the rename is still atomic.
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_durably(path: str | os.PathLike, text: str) -> None:
-    """Replace ``path`` by ``text`` so that a crash leaves either the old or the new file whole.
-
-    Args:
-        path: the file to write; its directory must exist.
-        text: the full new content (UTF-8).
-
-    Raises:
-        OSError: if the directory cannot be written; the old file is then left as it was.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # Whatever stopped us (a full disk, a KeyboardInterrupt), the old file is intact.
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Delete temporary files a killed writer left beside ``path``; call it holding the lock.
-
-    Returns:
-        The paths removed.
-    """
-    path = Path(path)
-    removed = []
-    prefix = f".{path.name}."
-    try:
-        entries = list(path.parent.iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
-        if entry.name.startswith(prefix) and entry.name.endswith(_TMP_SUFFIX):
-            try:
-                entry.unlink()
-                removed.append(entry)
-            except OSError:
-                pass
-    return removed
-
-
-def backup_ledger(path: str | os.PathLike) -> Path:
-    """Move the ledger at ``path`` aside to ``<name>.<UTC time>.bak``, never replacing a file.
-
-    Args:
-        path: an existing ledger file (valid or not: a damaged file is kept as it is).
-
-    Returns:
-        The path of the backup.
-
-    Raises:
-        OSError: if the file cannot be moved; it is then still at ``path``.
-    """
-    path = Path(path)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    for n in range(1000):
-        suffix = f".{stamp}.bak" if n == 0 else f".{stamp}-{n}.bak"
-        target = path.with_name(path.name + suffix)
-        try:
-            # link() refuses an existing target, so no backup is ever overwritten.
-            os.link(path, target)
-        except FileExistsError:
-            continue
-        except OSError:
-            if target.exists():
-                continue
-            # File systems without hard links: rename after the existence check above.
-            os.rename(path, target)
-        else:
-            os.unlink(path)
-        _fsync_dir(path.parent)
-        return target
-    raise OSError(f"could not find a free backup name for {path}")
 
 
 @contextmanager

@@ -282,7 +282,7 @@ def _experiments_of_arrays(group: Any) -> dict:
 def write_summary(path: Any, summary: Mapping[str, Any]) -> Path:
     """Write a JSON summary (sorted keys, two-space indent) durably: a reader sees the old file or
     the new one."""
-    from ._ledger import write_text_durably
+    from ._durable_files import write_text_durably
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

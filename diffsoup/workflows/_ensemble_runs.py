@@ -19,8 +19,8 @@ SAMPLERS = ("lhs", "sobol")
 
 
 def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs", seed: int = 0, client: Any = None,
-                     chunk_size: int | None = None, resume: bool = True, progress: bool = True,
-                     log: Callable = print) -> dict:  # fmt: skip
+                     draws_per_chunk: int | None = None, resume: bool = True, progress: bool = True,
+                     log: Callable = print, chunk_size: int | None = None) -> dict:  # fmt: skip
     """Simulate a study file at ``samples`` draws from its parameter table into ``<out>/simulation.zarr``.
 
     Args:
@@ -31,10 +31,12 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         seed: fixes the draws (a rerun with the same seed resumes the same store).
         client: a ``distributed.Client`` to compute on (its GPU workers when they offer
             ``diffsoup.ensemble.resources``), or None for this process (Dask's threads).
-        chunk_size: draws per chunk (None: ``diffsoup.ensemble.chunk-size`` simulations' worth).
+        draws_per_chunk: parameter draws per chunk, each simulated once per experiment (None:
+            ``diffsoup.ensemble.chunk-size`` simulations' worth).
         resume: finish the store of an earlier run of the same command; False replaces it.
         progress: a progress bar of the chunks on stderr.
         log: where progress lines go.
+        chunk_size: the deprecated name of ``draws_per_chunk`` (warns).
 
     Returns:
         The summary (also in ``<out>/summary.json``; its paths are relative to ``out``).
@@ -43,10 +45,13 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         ValueError: for a bad ``samples``/``sampler`` (Sobol' needs a power of 2), or a store at
             ``<out>/simulation.zarr`` written for other draws (then pass ``resume=False``).
     """
+    from .._deprecated import renamed_keyword
     from ..distributed import ensemble, sample
     from ..store import write_summary
     from ._study_runs import _describe, _relative, _study_file
 
+    draws_per_chunk = renamed_keyword("simulate_samples", "chunk_size", chunk_size, "draws_per_chunk",
+                                      draws_per_chunk)  # fmt: skip
     if sampler not in SAMPLERS:
         raise ValueError(f"simulate: sampler={sampler!r} must be one of {SAMPLERS}.")
     sf = _study_file(study)
@@ -62,13 +67,13 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
     arrays = sf.study.arrays
     k = arrays.shape[2] if arrays is not None else max(e.n_observables for e in sf.study.experiments)
     output_names = next(iter(names)) if len(names) == 1 and len(next(iter(names))) == k else None
-    ens = ensemble(sf.study, params=draws, solver=sf.solver, chunk_size=chunk_size, output_names=output_names,
+    ens = ensemble(sf.study, params=draws, solver=sf.solver, draws_per_chunk=draws_per_chunk, output_names=output_names,
                    client=client)  # fmt: skip
     path = out / "simulation.zarr"
     where = _describe(client) if client is not None else "in this process"
     log(f"[diffsoup] simulating {sf.name} at {samples} draws ({sampler}, seed {seed}) of "
         f"{len(ens.parameter_names)} parameters: {samples * len(sf.study.experiments)} simulations in "
-        f"{ens.layout.n_chunks} chunk(s) of {ens.chunk_size} draws, {where} -> {path}")  # fmt: skip
+        f"{ens.layout.n_chunks} chunk(s) of {ens.draws_per_chunk} draws, {where} -> {path}")  # fmt: skip
     t0 = time.perf_counter()
     try:
         written = ens.to_zarr(path, resume=resume, overwrite=not resume, client=client, progress=progress)

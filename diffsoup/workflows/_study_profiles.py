@@ -24,27 +24,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._study_runs import SUMMARY_FORMAT, _describe, _relative, _study_file, study_digest
+from ._study_runs import SUMMARY_FORMAT, StudyLowering, _describe, _relative, _study_file, study_digest
 
 LEDGER = "profile-ledger.json"
 INTERVAL_COLUMNS = ("parameter", "scale", "estimate", "lower", "upper", "estimate_linear", "lower_linear",
                     "upper_linear", "lower_open", "upper_open", "lower_reason", "upper_reason", "evaluations",
                     "seconds")  # fmt: skip
-
-
-class StudyLowering:
-    """A picklable factory of a study file's lowered study, for profile tasks on Dask workers
-    (each worker process lowers the file once; the digest in its repr keeps another version of
-    the file from sharing that lowered study)."""
-
-    def __init__(self, study_path: str, digest: str):
-        self.study_path, self.digest = study_path, digest
-
-    def __call__(self):
-        return _study_file(self.study_path).lower()
-
-    def __repr__(self) -> str:
-        return f"StudyLowering({self.study_path!r}, {self.digest!r})"
 
 
 def fit_store_of(from_fit: Any) -> Path:

@@ -21,7 +21,6 @@ import hashlib
 import os
 import time
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,6 +44,28 @@ def study_digest(study: Any) -> str:
     for data in sf.data_files:
         h.update(str(data.relative_to(sf.path.parent.resolve(), walk_up=True)).encode() + b"\0" + data.read_bytes())
     return h.hexdigest()[:16]
+
+
+class StudyLowering:
+    """A picklable factory of a study file's lowered study, for campaign tasks (the starts of
+    ``diffsoup campaign``, the profiles of ``diffsoup profile``) on Dask workers: each worker
+    process lowers the file once and keeps it in its cache of lowered studies under
+    :attr:`fingerprint`, which names the file's path and its digest, so another version of the
+    file does not share that lowered study."""
+
+    def __init__(self, study_path: str, digest: str):
+        self.study_path, self.digest = study_path, digest
+
+    @property
+    def fingerprint(self) -> str:
+        """What the workers' cache of lowered studies knows this study by."""
+        return "study-file:" + hashlib.sha256(f"{self.study_path}\0{self.digest}".encode()).hexdigest()[:16]
+
+    def __call__(self):
+        return _study_file(self.study_path).lower()
+
+    def __repr__(self) -> str:
+        return f"StudyLowering({self.study_path!r}, {self.digest!r})"
 
 
 def _status_counts(predictions: Mapping[str, dict]) -> dict[str, int]:
@@ -289,165 +310,6 @@ def _describe(client: Any) -> str:
         return f"Dask scheduler {client.scheduler.address} ({len(workers)} worker{'' if len(workers) == 1 else 's'} now)"
     except Exception:  # noqa: BLE001 (a description must not fail)
         return "a Dask cluster"
-
-
-# --------------------------------------------------------------------------------------------
-# Campaign: one task per start
-# --------------------------------------------------------------------------------------------
-
-_LOWERED: dict[tuple, Any] = {}
-
-
-class FitStartTask:
-    """A campaign task: one fit start of a study file, run where the task lands.
-
-    The study file is read (and lowered) once per process and kept, keyed by its path and digest,
-    so the tasks a worker runs share one compiled study, as they share the analytic parameters
-    found on it. Window starts of multiple-shooting experiments come from the shared store
-    (``DIFFSOUP_CACHE_DIR``) when present.
-    """
-
-    def __init__(self, study_path: str, method: Any, max_nfev: int | None):
-        self.study_path, self.method, self.max_nfev = study_path, method, max_nfev
-
-    def __call__(self, item: Mapping[str, Any]) -> dict:
-        from ..distributed._start_runs import analytic_once
-        from ..inference import window_solves
-        from ..inference.fitting._fit import optimizer_of, run_start
-
-        key = (self.study_path, item["study_digest"])
-        solves_before = window_solves()
-        built_here = key not in _LOWERED
-        if built_here:
-            _LOWERED.clear()  # one study per worker process at a time
-            _LOWERED[key] = _study_file(self.study_path).lower()
-        lowered = _LOWERED[key]
-        analytic = analytic_once(lowered, item.get("hierarchical", False))
-        # One start as fit runs it (the explicit point is not replaced if it fails to solve), without
-        # fit's standard errors at the end, which only the campaign's best start needs.
-        s = run_start(lowered, optimizer_of(self.method, max_nfev=self.max_nfev),
-                      np.asarray(item["x0"], dtype=np.float64), analytic=analytic)  # fmt: skip
-        return {
-            "x0": s.x0, "x": s.x, "objective": s.objective if np.isfinite(s.objective) else None,
-            "success": s.success, "message": s.message, "n_evaluations": s.n_evaluations,
-            "n_iterations": s.n_iterations, "seconds": s.seconds,
-            "failures": [list(f) for f in s.failures], "window_solves": window_solves() - solves_before,
-            "built_here": built_here, "host": os.uname().nodename, "pid": os.getpid(),
-            "slurm_job": os.environ.get("SLURM_JOB_ID"),
-        }  # fmt: skip
-
-
-def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | None = None, seed: int | None = None,
-                   method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
-                   hierarchical: bool | Sequence[str] | None = None, resume: bool = True,
-                   on_conflict: str = "error", progress: bool = True, plots: bool = True,
-                   log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
-    """A multistart campaign on a study file: each start is a ``checkpointed_map`` task (a Dask task
-    on a worker offering ``GPU=1`` when ``client`` is given, else run here), recorded in the ledger
-    ``<out>/campaign.json``, so a rerun -- after a crash, a cancelled allocation, a lost worker --
-    runs only the starts not yet finished. The best start is then written as a fit.
-
-    Args:
-        study: the study file (a path or a loaded ``StudyFile``).
-        out: the output directory (holds the ledger).
-        client: a ``distributed.Client``, or None to run the starts here one after another.
-        starts, seed, method, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings (as for
-            :func:`fit_study`); the start points are Latin hypercube samples fixed by ``seed``.
-        resume, on_conflict: as for ``checkpointed_map``.
-        no_worker_timeout: seconds a start may wait for a worker offering its resources; None
-            reads the setting ``diffsoup.campaign.no-worker-timeout`` (60 s); ``math.inf`` waits
-            for ever (as when workers come from a batch queue).
-
-    Returns:
-        The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
-        resumed from the ledger, window-start solves done in this run (here and by its tasks; 0
-        when every window start came from the shared store), and the SLURM jobs that ran tasks.
-        Its paths are relative to ``out``.
-
-    Raises:
-        StudyFailedError: as for :func:`fit_study`.
-    """
-    from ..distributed import checkpointed_map
-    from ..inference import FitResult, StartResult, window_solves
-    from ..inference.fitting._fit import optimizer_of, start_points
-    from ..distributed._start_runs import analytic_once
-
-    sf = _study_file(study)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
-
-    solves_before = window_solves()
-    # Lowering compiles nothing yet: here it gives the start points, and after the campaign the
-    # Gauss-Newton Hessian of the best start.
-    lowered = sf.lower()
-    # Named parameters that do not qualify fail here, not in every task; the names found are the
-    # result's, and tasks run in this process take them from the memo rather than find them again.
-    found = analytic_once(lowered, settings["hierarchical"])
-    points = start_points(lowered, settings["starts"], settings["seed"])
-    digest = study_digest(sf)
-    # The optimizer with its options is part of each item, so a rerun with another method, Hessian,
-    # evaluation cap or hierarchical choice is a ledger conflict (resume refused, --restart
-    # offered), not a silent reuse.
-    optimizer = optimizer_of(_optimizer(settings), max_nfev=settings["max_nfev"])
-    items = [{"task_id": f"start-{i:03d}", "x0": [float(v) for v in p], "study_digest": digest,
-              "optimizer": repr(optimizer), "hierarchical": settings["hierarchical"]} for i, p in enumerate(points)]  # fmt: skip
-    ledger = out / "campaign.json"
-    log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
-        f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
-    task = FitStartTask(str(sf.path.resolve()), optimizer, None)  # the cap is in the optimizer
-    if client is None:  # the tasks run in this process: they share this lowered study
-        _LOWERED.clear()
-        _LOWERED[(task.study_path, digest)] = lowered
-    t0 = time.perf_counter()
-    began = datetime.now(timezone.utc)
-    options: dict[str, Any] = dict(ledger_path=ledger, resume=resume, on_conflict=on_conflict, progress=progress)
-    if client is not None:
-        options.update(execution="dask", client=client, no_worker_timeout=no_worker_timeout)
-    campaign = checkpointed_map(task, items, **options)
-    seconds = time.perf_counter() - t0
-    done = [r for r in campaign.records if r.state == "accepted"]
-    # Accepted by an earlier run: finished before this one began.
-    earlier = {r.task_id for r in done if r.finished and datetime.fromisoformat(r.finished) < began}
-    log(f"[diffsoup] campaign: {len(campaign.results)} of {len(items)} starts finished, "
-        f"{len(campaign.failures)} failed")  # fmt: skip
-    if not campaign.results:  # every task raised
-        exc = RuntimeError(f"campaign: every start failed; see {ledger} (first: "
-                           f"{next(iter(campaign.failures.values())).error if campaign.failures else 'none'}).")  # fmt: skip
-        if campaign.failures and all("fit: every start failed" in str(r.error) for r in campaign.failures.values()):
-            _explain_failed_fit(sf, exc, solve_failures=True)  # each start's solves failed, not the cluster
-        raise exc
-    results = []
-    for item in items:
-        r = campaign.results.get(item["task_id"])
-        if r is None:
-            continue
-        objective = float("inf") if r["objective"] is None else float(r["objective"])
-        results.append(StartResult(np.asarray(r["x0"]), np.asarray(r["x"]), objective, bool(r["success"]),
-                                   str(r["message"]), int(r["n_evaluations"]), int(r["n_iterations"]),
-                                   float(r["seconds"]), tuple(tuple(f) for f in r["failures"])))  # fmt: skip
-    try:
-        result = FitResult.from_starts(lowered, results, method=settings["method"], seconds=seconds,
-                                       analytic=found.names if found is not None else ())  # fmt: skip
-    except RuntimeError as exc:
-        _explain_failed_fit(sf, exc)
-        raise
-    fresh = [r.result for r in done if r.task_id not in earlier]
-    solves = window_solves() - solves_before + sum(int(r.get("window_solves", 0)) for r in fresh)
-    if sf.study.arrays is None and any(e.trajectory is not None for e in sf.study.experiments):  # arrays hold none
-        log(f"[diffsoup] window-start solves in this run: {solves}"
-            + (" (every window start came from the store)" if solves == 0 else ""))
-    extra = {
-        "where": _describe(client) if client is not None else "in-process",
-        "campaign": {
-            "ledger": _relative(ledger, out), "tasks": len(items), "accepted": len(done),
-            "failed": len(campaign.failures), "resumed": len(earlier),
-            "window_solves": int(solves),
-            "slurm_jobs": sorted({str(r["slurm_job"]) for r in campaign.results.values() if r.get("slurm_job")}),
-        },
-        **_fit_entries(settings),
-    }  # fmt: skip
-    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
 
 
 # --------------------------------------------------------------------------------------------

@@ -212,13 +212,15 @@ def benchmark_tables(arguments: str) -> str:
 # API reference: one mkdocstrings block per public name a package re-exports
 
 
-EXPORT = re.compile(r"^from \S+ import (\w+) as (\w+)$", re.MULTILINE)
+EXPORT = re.compile(r"^\s*from \S+ import (\w+) as (\w+)$", re.MULTILINE)
 
 
 def exported_names(module: str) -> list[str]:
-    """The names ``module``'s ``__init__`` re-exports (``from ._x import Name as Name``), in order."""
+    """The names ``module``'s ``__init__`` re-exports (``from ._x import Name as Name``, those loaded
+    lazily too: they are repeated under ``if TYPE_CHECKING:``), in order, each once."""
     source = _module_file(module).read_text(encoding="utf-8")
-    return [alias for name, alias in EXPORT.findall(source) if name == alias and not alias.startswith("_")]
+    names = [alias for name, alias in EXPORT.findall(source) if name == alias and not alias.startswith("_")]
+    return list(dict.fromkeys(names))
 
 
 def api_blocks(arguments: str) -> str:

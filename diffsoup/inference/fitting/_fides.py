@@ -43,10 +43,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from ._hessians import DEFAULT_HESSIAN, FIDES_HESSIANS
 from ._optimizers import AbstractOptimizer, Outcome, StartObjective
 
-HESSIANS = ("gauss_newton", "hybrid", "exact", "bfgs", "sr1")
-DEFAULT_HESSIAN = "gauss_newton"
 SUBSPACES = ("2D", "full", "scg")
 
 
@@ -99,8 +98,8 @@ class Fides(AbstractOptimizer):
     log_level: int = logging.ERROR
 
     def __post_init__(self):
-        if self.hessian not in HESSIANS:
-            raise ValueError(f"Fides: hessian={self.hessian!r} must be one of {HESSIANS}.")
+        if self.hessian not in FIDES_HESSIANS:
+            raise ValueError(f"Fides: hessian={self.hessian!r} must be one of {FIDES_HESSIANS}.")
         if self.subspace not in SUBSPACES:
             raise ValueError(f"Fides: subspace={self.subspace!r} must be one of {SUBSPACES}.")
         for field in ("max_evaluations", "hybrid_switch"):

@@ -34,7 +34,6 @@ from ._hierarchical import AnalyticParameters
 from ..objective._lower import lower
 from ._optimizers import LBFGSB, TRF, AbstractOptimizer, StartObjective
 from ..objective._problem import InferenceProblem
-from ._starts import latin_hypercube as latin_hypercube
 from ._starts import replacement_point, start_points
 from ..study._study import Study
 

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
-
-HESSIANS = ("gauss_newton", "exact")
+from ._hessians import PYPESTO_HESSIANS
 
 
 def _pypesto():
@@ -141,8 +140,8 @@ def pypesto_objective(lowered: AbstractLoweredStudy, *, hessian: str = "gauss_ne
     """
     if not isinstance(lowered, AbstractLoweredStudy):
         raise TypeError(f"pypesto_objective: lowered must be a lowered study (ds.lower), not {type(lowered).__name__}.")
-    if hessian not in HESSIANS:
-        raise ValueError(f"pypesto_objective: hessian={hessian!r} must be one of {HESSIANS}.")
+    if hessian not in PYPESTO_HESSIANS:
+        raise ValueError(f"pypesto_objective: hessian={hessian!r} must be one of {PYPESTO_HESSIANS}.")
     return _objective_class()(lowered, hessian)
 
 

@@ -1,10 +1,15 @@
 """Start points of a multistart fit: a Latin hypercube on the parameters' scales within the bounds.
 
 Every estimated parameter is sampled in the optimizer's coordinates (``log10 k`` for a
-``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts),
-one point per stratum of each coordinate (``scipy.stats.qmc.LatinHypercube``). The points are a
-function of ``(n, seed)`` alone, so a campaign that reruns with the same settings finds the same
-starts (its ledger items fingerprint them) and resumes.
+``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts), one
+point per stratum of each coordinate: the unit-cube points of the public sampler
+``ds.inference.latin_hypercube``
+(:func:`~diffsoup.inference.fitting._samplers.latin_hypercube_unit`, ``scipy.stats.qmc``) mapped
+linearly onto the scaled bounds. They are that sampler's draws from a box of the scaled bounds on
+the linear scale (tested bit for bit); the map is done here because a ``ParameterBox`` refuses a
+parameter estimated with ``lower == upper``, which a study allows. The points are a function of
+``(n, seed)`` alone, so a campaign that reruns with the same settings finds the same starts (its
+ledger items fingerprint them) and resumes.
 
 A start point at which a solve fails (the model blows up, a steady state is not reached) is
 replaced, when ``fit`` draws the starts itself, by :func:`replacement_point`: a uniform draw on
@@ -19,12 +24,6 @@ import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._samplers import latin_hypercube_unit
-
-
-def latin_hypercube(lower, upper, n: int, seed: int) -> np.ndarray:
-    """``n`` Latin hypercube points within ``[lower, upper]`` (scipy.stats.qmc), ``(n, d)``."""
-    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
-    return lower + latin_hypercube_unit(int(n), lower.size, seed) * (upper - lower)
 
 
 def _sampled(lowered: AbstractLoweredStudy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,7 +43,8 @@ def start_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray
     lo, hi, sampled = _sampled(lowered)
     points = np.repeat(np.asarray(lowered.nominal, float)[None], int(n), axis=0)
     if n and np.any(sampled):
-        points[:, sampled] = latin_hypercube(lo[sampled], hi[sampled], int(n), seed)
+        unit = latin_hypercube_unit(int(n), int(np.sum(sampled)), seed)
+        points[:, sampled] = lo[sampled] + unit * (hi[sampled] - lo[sampled])
     return points
 
 

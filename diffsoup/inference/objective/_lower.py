@@ -41,7 +41,7 @@ asks for) against the block limit -- nothing is run to find out:
   size compiled; should it not fit after all, the lanes shrink in proportion and it compiles again.
   A GPU runs lanes in parallel until it is full, so one large chunk beats many small ones
   (issue 22: 10,000 experiments in one chunk 15x faster than 40 of 250);
-* on a CPU, and wherever ``chunk_size`` is given, from ``chunk_size`` (CPU default 256
+* on a CPU, and wherever ``experiments_per_chunk`` is given, from it (CPU default 256
   experiments), halved until it fits: a CPU core runs lanes one after the other, so beyond a few
   hundred lanes larger chunks gain nothing and only cost host memory.
 
@@ -66,7 +66,10 @@ point, and within a block experiments are sorted by step count so that lanes tha
 take similar numbers of steps. That pays when each device runs several chunks: with one chunk per
 device, a device holding one slow experiment runs as long as one holding only slow ones (lanes run
 in lock-step), so balancing evens the step totals without shortening the evaluation; give a
-``chunk_size`` that makes several chunks per device when step counts differ widely.
+``experiments_per_chunk`` that makes several chunks per device when step counts differ widely.
+
+Chunk sizes count experiments (all devices together): ``experiments_per_chunk=`` (``chunk_size=``
+is its deprecated name) and :attr:`LoweredStudy.chunk_sizes`, the sizes chosen, per mode and group.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..._deprecated import renamed_keyword
 from ._abstract_lowered import AbstractLoweredStudy, experiment_indices
 from ._parts import (
     EVALUATION_MODES,
@@ -100,7 +104,8 @@ from ._terms import member_array
 
 # The programs' modes (``gauss_newton`` evaluations run the ``jacobian`` program).
 MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
-HESSIANS = ("auto", "exact", "fd")
+# How the exact Hessian is computed (not which Hessian an optimizer runs on: fitting._hessians).
+HESSIAN_COMPUTATIONS = ("auto", "exact", "fd")
 GRADIENTS = ("auto", "adjoint", "forward")
 # How a chunk's lanes run: "vmap" in lock-step (one vectorized loop, as long as its slowest lane),
 # "map" one after the other inside the program (each lane takes its own steps), "auto" chosen per
@@ -350,8 +355,8 @@ class LoweredStudy(AbstractLoweredStudy):
 
     Args:
         problem: the :class:`InferenceProblem`.
-        layout, hessian, chunk_size, block_limit_bytes, fd_step, gradient, lane_mode: as for
-            :func:`lower`.
+        layout, hessian, experiments_per_chunk, block_limit_bytes, fd_step, gradient, lane_mode:
+            as for :func:`lower` (``chunk_size`` too: the deprecated name of ``experiments_per_chunk``).
         experiments: study indices or ids of the experiments to evaluate (None: all).
         share_programs_with: a lowered study of the same problem and layout whose compiled programs
             this one reuses and adds to (what :meth:`restrict` passes).
@@ -377,26 +382,32 @@ class LoweredStudy(AbstractLoweredStudy):
         *,
         layout: Any = None,
         hessian: str = "auto",
-        chunk_size: int | None = None,
+        experiments_per_chunk: int | None = None,
         block_limit_bytes: float | None = None,
         fd_step: float = 1e-3,
         gradient: str = "auto",
         lane_mode: str = "auto",
         experiments: Sequence[int | str] | None = None,
         share_programs_with: "LoweredStudy | None" = None,
+        chunk_size: int | None = None,
     ):
         import jax
 
         from ..._layout import Layout
 
-        if hessian not in HESSIANS:
-            raise ValueError(f"lower: hessian={hessian!r} must be one of {HESSIANS}.")
+        experiments_per_chunk = renamed_keyword("LoweredStudy", "chunk_size", chunk_size, "experiments_per_chunk",
+                                                experiments_per_chunk)  # fmt: skip
+
+        if hessian not in HESSIAN_COMPUTATIONS:
+            raise ValueError(f"lower: hessian={hessian!r} must be one of {HESSIAN_COMPUTATIONS}.")
         if gradient not in GRADIENTS:
             raise ValueError(f"lower: gradient={gradient!r} must be one of {GRADIENTS}.")
         if lane_mode not in LANE_MODES:
             raise ValueError(f"lower: lane_mode={lane_mode!r} must be one of {LANE_MODES}.")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"lower: chunk_size={chunk_size!r} must be a positive integer (experiments per chunk).")
+        per_chunk = experiments_per_chunk
+        if per_chunk is not None and (isinstance(per_chunk, bool) or not isinstance(per_chunk, int) or per_chunk < 1):
+            raise ValueError(f"lower: experiments_per_chunk={per_chunk!r} must be a positive integer (experiments "
+                             "per chunk, all devices together).")  # fmt: skip
         if block_limit_bytes is not None and not (float(block_limit_bytes) > 0):
             raise ValueError(f"lower: block_limit_bytes={block_limit_bytes!r} must be positive.")
         if not (float(fd_step) > 0 and math.isfinite(fd_step)):
@@ -416,7 +427,8 @@ class LoweredStudy(AbstractLoweredStudy):
             "forward" if problem.n_theta <= FORWARD_GRADIENT_MAX_THETA else "adjoint"
         )
         self.hessian_kind: str | None = None if hessian == "auto" else hessian
-        self.chunk_size = chunk_size  # None: chosen (GPUs: from device memory; CPUs: searched from DEFAULT_CHUNK)
+        # None: chosen (GPUs: from device memory; CPUs: searched from DEFAULT_CHUNK).
+        self.experiments_per_chunk = experiments_per_chunk
         self.fd_step = float(fd_step)
         self.n_devices = layout.data_size
         self.mesh = layout.mesh if self.n_devices > 1 else None
@@ -466,7 +478,8 @@ class LoweredStudy(AbstractLoweredStudy):
         if outside:
             ids = [self.problem.study.ids[i] for i in outside]
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
-        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode, chunk_size=self.chunk_size,
+        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode,
+                            experiments_per_chunk=self.experiments_per_chunk,
                             block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
                             gradient=self.gradient_mode, lane_mode=self.lane_mode, experiments=chosen,
                             share_programs_with=self)  # fmt: skip
@@ -645,9 +658,9 @@ class LoweredStudy(AbstractLoweredStudy):
         else:
             kinds = (mode,)
         B = self._blocks[gi].shape[1]
-        fill_device = self.platform != "cpu" and self.chunk_size is None
+        fill_device = self.platform != "cpu" and self.experiments_per_chunk is None
         first = self._largest_fitting_lanes(mode, kinds[0], gi, B) if fill_device else (
-            min(math.ceil((self.chunk_size or DEFAULT_CHUNK) / self.n_devices), B))  # fmt: skip
+            min(math.ceil((self.experiments_per_chunk or DEFAULT_CHUNK) / self.n_devices), B))  # fmt: skip
         n_chunks = math.ceil(B / first)
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
@@ -708,7 +721,8 @@ class LoweredStudy(AbstractLoweredStudy):
 
     @property
     def chunk_sizes(self) -> dict:
-        """Mode -> experiments per chunk (all devices together), one entry per group."""
+        """Mode -> experiments per chunk (all devices together), one entry per group: the sizes
+        chosen (``experiments_per_chunk`` is the size asked for)."""
         out: dict = {}
         for (mode, gi), prog in sorted(self._programs.items(), key=lambda kv: kv[0]):
             out.setdefault(mode, []).append(prog.lanes * self.n_devices)
@@ -884,11 +898,12 @@ def lower(
     solver: SolverOptions | None = None,
     layout: Any = None,
     hessian: str = "auto",
-    chunk_size: int | None = None,
+    experiments_per_chunk: int | None = None,
     block_limit_bytes: float | None = None,
     fd_step: float = 1e-3,
     gradient: str = "auto",
     lane_mode: str = "auto",
+    chunk_size: int | None = None,
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -900,9 +915,10 @@ def lower(
             experiments over the data axis; None for one device.
         hessian: ``"exact"`` (forward-over-reverse products), ``"fd"`` (central differences of
             gradients) or ``"auto"`` (exact where it fits under the block limit).
-        chunk_size: experiments per chunk to start the search from, capped at the group's size and
-            halved until the program fits. Default: on a GPU the largest chunk that fits the block
-            limit (extrapolated from a probe program's scratch), on a CPU 256.
+        experiments_per_chunk: experiments per chunk (all devices together) to start the search
+            from, capped at the group's size and halved until the program fits. Default: on a GPU
+            the largest chunk that fits the block limit (extrapolated from a probe program's
+            scratch), on a CPU 256.
         block_limit_bytes: the largest scratch block a program may ask for; None reads
             :func:`default_block_limit` from the device.
         fd_step: the difference step for ``hessian="fd"``, in theta's units (scaled parameters).
@@ -918,6 +934,7 @@ def lower(
             step counts of the last evaluation differ so much between lanes that lock-step would
             cost more (``SEQUENTIAL_COST``; the second program compiles when first
             needed, or with ``.compile()``). The same numbers either way, to rounding.
+        chunk_size: the deprecated name of ``experiments_per_chunk`` (warns).
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
@@ -936,6 +953,8 @@ def lower(
                                    solver=solver or SolverOptions())  # fmt: skip
     else:
         raise TypeError(f"lower: study must be a ds.Study or ds.inference.InferenceProblem, not {type(study).__name__}.")
-    return LoweredStudy(problem, layout=layout, hessian=hessian, chunk_size=chunk_size,
+    experiments_per_chunk = renamed_keyword("lower", "chunk_size", chunk_size, "experiments_per_chunk",
+                                            experiments_per_chunk)  # fmt: skip
+    return LoweredStudy(problem, layout=layout, hessian=hessian, experiments_per_chunk=experiments_per_chunk,
                         block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient,
                         lane_mode=lane_mode)  # fmt: skip

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ...integrate._tolerance import checked_rtol
 from ..study._multishoot import trajectory_signature, window_layout
-from ..study._noise import LAPLACE
 from ..study._solver_options import SolverOptions
-from ..study._experiment_arrays import dynamic_cells, pack_arrays, term_constants
+from ..study._noise_constants import dynamic_cells, term_constants
+from ._lane_inputs import LaneInputs, pack_arrays, pack_experiments
 from ..study._study import Study, entries_by_name
 from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
     SIGMA_CELLS,
@@ -188,7 +188,7 @@ class InferenceProblem:
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
         self.groups = self._group()
-        self._solve_theta: dict = {}  # id(group) -> (group, its solve_theta)
+        self._solve_theta: LaneInputs = {}  # id(group) -> (group, its solve_theta)
         self._object_constants = None
         if arrays is not None:
             # Per experiment: the constant terms and the measured values of parameter or function spreads.
@@ -203,11 +203,12 @@ class InferenceProblem:
         arrays = self.study.arrays
         # A study of arrays has one shape: its first experiment stands for all.
         for e in self.study.experiments if arrays is None else self.study.experiments[:1]:
-            if any(c.distribution == LAPLACE for c in e.noise_columns):
-                raise ValueError(
-                    f"InferenceProblem: objective='chi2' is a sum of squared normal residuals; experiment {e.id!r} has "
-                    "Laplace noise, which has none; use objective='nll'."
-                )
+            for c in e.noise_columns:
+                if not c.least_squares:
+                    raise ValueError(
+                        f"InferenceProblem: objective='chi2' is a sum of squared normal residuals; experiment {e.id!r} "
+                        f"has {type(c).__name__} noise, which has none; use objective='nll'."
+                    )
             if e.sigma is None:
                 raise ValueError(
                     "InferenceProblem: objective='chi2' with an estimated sigma (noise.sigma a parameter name) or a "
@@ -379,109 +380,14 @@ class InferenceProblem:
         sigma = e.sigma if e.sigma is not None else e.sigma_values
         return float(term_constants(e.data[None], sigma[None], e.noise_columns)[0])
 
-    def pack(self, group: Group, order: Sequence[int]) -> dict:
-        """Arrays of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
+    def pack(self, group: Group, order: Sequence[int]) -> LaneInputs:
+        """The :class:`LaneInputs` of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
         study = self.study
         if study.arrays is not None:
-            return pack_arrays(study, study.array_plan, self._array_constants, group.members, order)
-        n_lanes, m, k = len(order), group.n_times, group.k
-        pad_source = group.members[0]
-        n_par = len(study.problem.parameter_names)
-        arr = {
-            "times": np.zeros((n_lanes, m)), "t0": np.zeros(n_lanes), "data": np.ones((n_lanes, m, k)),
-            "mask": np.zeros((n_lanes, m, k), dtype=bool), "sigma": np.ones((n_lanes, m, k)),
-            "sigma_entry": np.zeros(n_lanes, dtype=np.int32), "y0": np.zeros((n_lanes, study.problem.n_states)),
-            "p_entry": np.full((n_lanes, n_par), -1, dtype=np.int32), "p_fixed": np.zeros((n_lanes, n_par)),
-            "const": np.zeros(n_lanes), "valid": np.zeros(n_lanes, dtype=bool),
-        }  # fmt: skip
-        W, P, n = group.windows, group.window_points, study.problem.n_states
-        if W:
-            arr.update({
-                "win_t0": np.zeros((n_lanes, W)), "win_times": np.zeros((n_lanes, W, P)),
-                "win_of": np.zeros((n_lanes, m), dtype=np.int32), "win_pos": np.zeros((n_lanes, m), dtype=np.int32),
-                "win_idx": np.zeros((n_lanes, W - 1, n), dtype=np.int32), "cont_w": np.zeros((n_lanes, n)),
-            })  # fmt: skip
-        # Arrays of the features the group has (a group without them packs what it always did).
-        if group.sigma == SIGMA_CELLS:
-            arr["sigma_entries"] = np.full((n_lanes, m, k), -1, dtype=np.int32)
-        if group.y0_entries:
-            arr["y0_entry"] = np.full((n_lanes, n), -1, dtype=np.int32)
-        n_op = len(group.observable_parameters)
-        if n_op:
-            arr["op_entry"] = np.full((n_lanes, n_op), -1, dtype=np.int32)
-            arr["op_fixed"] = np.zeros((n_lanes, n_op))
-        pre = group.preequilibration
-        if pre is not None:
-            arr.update({
-                "y0_set": np.zeros((n_lanes, n), dtype=bool), "pre_keep": np.ones((n_lanes, n_par), dtype=bool),
-                "pre_entry": np.full((n_lanes, n_par), -1, dtype=np.int32), "pre_fixed": np.zeros((n_lanes, n_par)),
-                "pre_y0": np.zeros((n_lanes, n)),
-            })  # fmt: skip
-            if pre.y0_entries:
-                arr["pre_y0_entry"] = np.full((n_lanes, n), -1, dtype=np.int32)
-        if group.resets:
-            arr["reset_times"] = np.zeros((n_lanes, len(group.resets)))
-        if not callable(group.discontinuities) and group.discontinuities:
-            arr["discs"] = np.full((n_lanes, group.discontinuities), np.inf)
-        for lane, idx in enumerate(order):
-            real = idx >= 0
-            e = study.experiments[idx if real else pad_source]
-            r = study.resolved[e.id]
-            mi = e.times.shape[0]
-            arr["times"][lane, :mi] = e.times
-            arr["times"][lane, mi:] = e.times[-1]
-            arr["t0"][lane] = e.t0
-            if real:
-                fin = np.isfinite(e.data)
-                arr["mask"][lane, :mi] = fin
-                arr["data"][lane, :mi] = np.where(fin, e.data, 1.0)
-                arr["const"][lane] = self._object_constants[idx]
-                arr["valid"][lane] = True
-            if e.sigma is not None:
-                arr["sigma"][lane, :mi] = e.sigma
-            else:
-                arr["sigma"][lane, :mi] = np.where(np.isfinite(e.sigma_values), e.sigma_values, 1.0)
-            arr["sigma_entry"][lane] = max(r["sigma_entry"], 0)
-            if "sigma_entries" in arr:
-                arr["sigma_entries"][lane, :mi] = r["sigma_entries"]
-            if r["y0"] is not None:
-                arr["y0"][lane] = np.where(np.isfinite(r["y0"]), r["y0"], 0.0)
-            if "y0_entry" in arr:
-                arr["y0_entry"][lane] = r["y0_entry"]
-            for j, (_, (kind, v)) in enumerate(r["observable_plan"]):
-                arr["op_entry" if kind == "entry" else "op_fixed"][lane, j] = v
-            if pre is not None:
-                pr = r["pre"]
-                arr["y0_set"][lane] = r["y0_set"]
-                if pr["y0"] is not None:
-                    arr["pre_y0"][lane] = np.where(np.isfinite(pr["y0"]), pr["y0"], 0.0)
-                if "pre_y0_entry" in arr:
-                    arr["pre_y0_entry"][lane] = pr["y0_entry"]
-                for j, (kind, v) in enumerate(pr["plan"]):
-                    if kind != "keep":
-                        arr["pre_keep"][lane, j] = False
-                        arr["pre_entry" if kind == "entry" else "pre_fixed"][lane, j] = v
-            for i, x in enumerate(e.resets):
-                if not callable(x.time):
-                    arr["reset_times"][lane, i] = float(x.time)
-            if "discs" in arr:
-                arr["discs"][lane, : len(e.discontinuities)] = e.discontinuities
-            if W:
-                edges, wof, pos, wt = window_layout(e, e.trajectory)
-                arr["win_t0"][lane] = edges[:-1]
-                arr["win_times"][lane] = wt[:, -1:]
-                arr["win_times"][lane, :, : wt.shape[1]] = wt
-                arr["win_of"][lane, :mi] = wof
-                arr["win_pos"][lane, :mi] = pos
-                o = self.window_offset[e.id]
-                arr["win_idx"][lane] = np.arange(o, o + (W - 1) * n).reshape(W - 1, n)
-                arr["cont_w"][lane] = e.trajectory.continuity_weight / e.trajectory.scales(n)
-            for j, (kind, v) in enumerate(r["plan"]):
-                if kind == "entry":
-                    arr["p_entry"][lane, j] = v
-                else:
-                    arr["p_fixed"][lane, j] = v
-        return arr
+            return pack_arrays(study, group, order, self._array_constants)
+        if self._object_constants is None:
+            self.offset_of(())
+        return pack_experiments(study, group, order, self._object_constants, self.window_offset)
 
     # -- the per-experiment terms (JAX) ----------------------------------------------------------
     def terms(self, group: Group) -> LaneTerms:
@@ -540,7 +446,7 @@ class InferenceProblem:
             rtol=np.float64(self.rtol), atol=np.float64(self.solver.atol), max_steps=np.int32(self.solver.max_steps),
         )  # fmt: skip
 
-    def states(self, group: Group, full, a: dict, theta=None, *, forward: bool = True):
+    def states(self, group: Group, full, a: LaneInputs, theta=None, *, forward: bool = True):
         """One experiment's states (:meth:`LaneTerms.states` with this problem's operands)."""
         return self.terms(group).states(self.operands(), full, a, theta, forward=forward)
 
@@ -552,7 +458,7 @@ class InferenceProblem:
         """
         return {eid: p["states"] for eid, p in self.predict(theta).items()}
 
-    def observe(self, group: Group, full, a: dict, ys):
+    def observe(self, group: Group, full, a: LaneInputs, ys):
         """The observables ``(m, k)`` of one experiment's states ``ys`` (:meth:`LaneTerms.observe`)."""
         return self.terms(group).observe(full, a, ys)
 
@@ -575,11 +481,11 @@ class InferenceProblem:
             curve_t = curve = None
             if points > 0 and not group.windows:
                 # From t0 to the last finite time (+inf times are the steady state, not on the curve).
-                finite = np.where(np.isfinite(arrs["times"]), arrs["times"], arrs["t0"][:, None])
-                span = np.max(finite, axis=1, keepdims=True) - arrs["t0"][:, None]
-                dense = dict(arrs, times=arrs["t0"][:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
+                finite = np.where(np.isfinite(arrs.times), arrs.times, arrs.t0[:, None])
+                span = np.max(finite, axis=1, keepdims=True) - arrs.t0[:, None]
+                dense = arrs._replace(times=arrs.t0[:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
                 _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
-                curve_t, curve = dense["times"][: rows.size], curve[: rows.size]
+                curve_t, curve = dense.times[: rows.size], curve[: rows.size]
             yield rows, ys[: rows.size], hs[: rows.size], status[: rows.size], curve_t, curve
 
     def predict(self, theta, *, points: int = 0) -> dict:
@@ -649,7 +555,7 @@ class InferenceProblem:
             observables[padded] = np.nan
         return {"states": states, "observables": observables, "status": status}
 
-    def lane(self, group: Group, full, a: dict, *, forward: bool, residuals: bool, theta=None):
+    def lane(self, group: Group, full, a: LaneInputs, *, forward: bool, residuals: bool, theta=None):
         """One experiment's term (:meth:`LaneTerms.lane` with this problem's operands)."""
         return self.terms(group).lane(self.operands(), full, a, forward=forward, residuals=residuals, theta=theta)
 

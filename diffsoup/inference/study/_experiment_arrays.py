@@ -5,8 +5,8 @@ data, spreads, conditions, initial states and level members of many experiments 
 same observables and noise models; times padded at their end), checked with vectorized tests whose
 errors still name the experiment and the field. A study of such arrays holds no Python object per
 experiment: :func:`resolve_arrays` says where each model parameter's value comes from (a column of
-numbers, an entry, an entry per level member) and ``InferenceProblem.pack`` gathers a chunk's lanes
-with fancy indexing (:func:`pack_arrays`). ``study.experiments[i]`` builds an ``Experiment`` view of
+numbers, an entry, an entry per level member; :mod:`._array_plan`) and ``InferenceProblem.pack``
+gathers a chunk's lanes with fancy indexing (``objective._lane_inputs.pack_arrays``). ``study.experiments[i]`` builds an ``Experiment`` view of
 row ``i`` on demand.
 
 Conventions of the arrays: NaN in ``data`` is a missing value; NaN at the end of an experiment's
@@ -22,58 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ._experiment import Experiment, takes_time
-from ._noise import LAPLACE, SIGMA_ENTRY, SIGMA_FIXED, AbstractNoise, Gaussian
-
-# Experiments read at a time from an array that is not NumPy (Dask, Zarr) when its chunks do not say.
-READ_ROWS = 65536
+from ._host_arrays import host_array
+from ._noise import AbstractNoise, Gaussian
 
 
 def _label(who: str, ids: np.ndarray, i: int) -> str:
     return f"{who}: experiment {str(ids[i])!r} (row {i})"
-
-
-def _rows_of(x: Any) -> int | None:
-    """Rows per chunk along the experiment axis of a chunked array (Dask: its first chunk; Zarr:
-    its chunk shape), or None."""
-    chunks = getattr(x, "chunks", None)
-    if not chunks:
-        return None
-    first = chunks[0]
-    return int(first[0] if isinstance(first, tuple) else first)
-
-
-def read_rows(x: Any, who: str, field: str) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, rows)`` float64 NumPy blocks of ``x`` along its first axis: a NumPy array in one
-    block (no copy when it already is float64), a Dask or Zarr array chunk by chunk."""
-    if isinstance(x, np.ndarray) or not hasattr(x, "shape") or not hasattr(x, "__getitem__"):
-        yield 0, np.asarray(x, dtype=np.float64)
-        return
-    n = int(x.shape[0])
-    step = max(1, _rows_of(x) or READ_ROWS)
-    for a in range(0, n, step):
-        block = x[a : a + step]
-        block = block.compute() if hasattr(block, "compute") else block
-        yield a, np.asarray(block, dtype=np.float64)
-
-
-def host_array(x: Any, who: str, field: str, check: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
-    """``x`` as one float64 NumPy array, read block by block (``check(start, block)`` on each)."""
-    if isinstance(x, np.ndarray) or not hasattr(x, "shape"):
-        out = np.asarray(x, dtype=np.float64)
-        if check is not None:
-            check(0, out)
-        return out
-    out = np.empty(tuple(int(s) for s in x.shape), dtype=np.float64)
-    for a, block in read_rows(x, who, field):
-        if check is not None:
-            check(a, block)
-        out[a : a + block.shape[0]] = block
-    return out
 
 
 def _noise_columns(noise: Any, k: int, who: str) -> tuple:
@@ -84,7 +43,8 @@ def _noise_columns(noise: Any, k: int, who: str) -> tuple:
             raise ValueError(f"{who}: noise gives {len(noise)} models for {k} observable column(s); give one model, or "
                              "one per column.")  # fmt: skip
         return tuple(noise)
-    raise TypeError(f"{who}: noise must be ds.inference.Gaussian(...), LogNormal(...), Laplace(...) or LogLaplace(...), "
+    raise TypeError(f"{who}: noise must be a noise model (ds.inference.Gaussian(...), LogNormal(...), Laplace(...), "
+                    "LogLaplace(...) or another AbstractNoise), "
                     f"or a sequence of one per observable column, not {noise!r}.")  # fmt: skip
 
 
@@ -621,260 +581,3 @@ def _checked_groups(groups, E: int, who: str) -> dict:
             raise ValueError(f"{who}: groups[{level!r}][{int(np.argmax(empty))}] is empty; member names are non-empty.")
         out[str(level)] = _codes_of(arr)
     return out
-
-
-# -- resolution against a study --------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, eq=False)
-class ArrayPlan:
-    """Where a study of arrays takes its numbers: per model parameter ``(entry, fixed)``, each a
-    number or an ``(E,)`` array (entry -1: ``fixed``); ``sigma_entry`` (a number, an ``(E,)``
-    array, or -1); ``k`` observables; per observable parameter (sorted by name) ``(entry,
-    fixed)``; ``sigma_cells``: the entries of named spreads broadcastable to ``(E, m, k)`` (-1:
-    not named), or None."""
-
-    columns: tuple
-    sigma_entry: Any
-    k: int
-    observable_columns: tuple = ()
-    sigma_cells: Any = None
-
-
-def entry_rows(study: Any, name: str) -> Any:
-    """The entry of study parameter ``name`` for every row: an index, or ``(E,)`` indices (a
-    parameter owned by a level)."""
-    arrays = study.arrays
-    p = study.table[name]
-    if p.level is None:
-        return study.entry_index[name]
-    start = study.entry_index[f"{name}[{study.members(p.level)[0]}]"]
-    if p.level == "experiment":
-        return start + np.arange(len(arrays), dtype=np.int64)
-    return start + arrays.groups[p.level][0].astype(np.int64)
-
-
-def name_entries(study: Any, names: np.ndarray, field: str) -> np.ndarray:
-    """The entries of study parameters' names, an array whose first axis is the experiments' (or
-    1, or a 0-d array): -1 where the name is ``""``; a parameter owned by a level takes each row's.
-
-    Raises:
-        ValueError: naming the experiment and ``field``, for a name that is not a study parameter.
-    """
-    arrays = study.arrays
-    E = len(arrays)
-    names = np.asarray(names)
-    uniq, inverse = np.unique(names, return_inverse=True)
-    inverse = inverse.reshape(names.shape)
-    lookup = np.full(uniq.size, -1, dtype=np.int64)
-    owned = []
-    for code, name in enumerate(uniq.tolist()):
-        if not name:
-            continue
-        if name not in study.table:
-            hit = np.argwhere(np.atleast_1d(inverse == code))[0]
-            i = int(hit[0]) if names.ndim and names.shape[0] == E else 0
-            raise ValueError(f"{_label('Study', arrays.ids, i)}: {field} names {name!r}, which is not a study "
-                             "parameter; add it to the parameter table.")  # fmt: skip
-        if study.table[name].level is None:
-            lookup[code] = study.entry_index[name]
-        else:
-            owned.append(code)
-    out = lookup[inverse]
-    if owned:  # per-row entries: the names' rows become the experiments'
-        shape = (E,) + names.shape[1:] if names.ndim else (E,)
-        out, inverse = np.array(np.broadcast_to(out, shape)), np.broadcast_to(inverse, shape)
-        for code in owned:
-            rows = np.asarray(entry_rows(study, str(uniq[code]))).reshape((E,) + (1,) * (len(shape) - 1))
-            out = np.where(inverse == code, np.broadcast_to(rows, shape), out)
-    return out
-
-
-def resolve_arrays(study: Any) -> ArrayPlan:
-    """The :class:`ArrayPlan` of ``study.arrays`` (the vectorized ``Study._resolve``)."""
-    arrays, prob = study.arrays, study.problem
-    who = "Study"
-    defaults = prob.spec.parameter_defaults
-    columns = []
-    for j, name in enumerate(prob.parameter_names):
-        cond = arrays.conditions.get(name)
-        if name in study.table:
-            entry, fixed = entry_rows(study, name), 0.0
-        elif defaults is not None:
-            entry, fixed = -1, float(defaults[j])
-        else:
-            entry, fixed = None, None
-        if cond is None:
-            if entry is None:
-                raise ValueError(f"{who}: model parameter {name!r} has no value: give it in conditions, or add a study "
-                                 "parameter of that name.")  # fmt: skip
-            columns.append((entry, fixed))
-            continue
-        given = ~np.isnan(cond)
-        named = np.zeros((), bool)
-        if name in arrays.parameters:
-            mapped = name_entries(study, arrays.parameters[name], f"conditions[{name!r}]")
-            named = mapped >= 0
-        if entry is None:
-            missing = ~(given | named)
-            if missing.any():
-                i = int(np.argmax(np.reshape(missing, -1))) if np.ndim(missing) else 0
-                raise ValueError(f"{_label(who, arrays.ids, i)}: model parameter {name!r} has no value: its conditions "
-                                 "value is NaN; give it, or add a study parameter of that name.")  # fmt: skip
-            entry, fixed = -1, 0.0
-        if not np.any(named) and np.all(given):
-            entry, fixed = -1, cond
-        else:
-            entry = np.where(given, -1, entry)
-            fixed = np.where(given, cond, fixed)
-            if np.any(named):
-                entry = np.where(named, mapped, entry)
-                fixed = np.where(named, 0.0, fixed)
-        columns.append((entry, fixed))
-    observable_columns = []
-    for name in sorted(arrays.observable_parameters):
-        values, names = arrays.observable_parameters[name]
-        if names is None:
-            observable_columns.append((-1, values))
-            continue
-        mapped = name_entries(study, names, f"observable_parameters[{name!r}]")
-        observable_columns.append((mapped, np.where(mapped >= 0, 0.0, values)))
-    sigma_entry = -1
-    if arrays.sigma_name is not None:
-        name = arrays.sigma_name
-        if name not in study.table:
-            raise ValueError(f"{who}: noise.sigma names {name!r}, which is not a study parameter; add it to the "
-                             "parameter table.")  # fmt: skip
-        if study.table[name].lower <= 0:
-            raise ValueError(f"{who}: noise.sigma is study parameter {name!r}, whose lower bound "
-                             f"{study.table[name].lower} must be positive.")  # fmt: skip
-        sigma_entry = entry_rows(study, name)
-    sigma_cells = None
-    if arrays.sigma_names is not None:
-        sigma_cells = name_entries(study, arrays.sigma_names, "noise (a spread)")
-        for name in np.unique(arrays.sigma_names).tolist():
-            if name and study.table[name].lower <= 0:
-                raise ValueError(f"{who}: a spread is study parameter {name!r}, whose lower bound "
-                                 f"{study.table[name].lower} must be positive.")  # fmt: skip
-    return ArrayPlan(tuple(columns), sigma_entry, arrays.shape[2], tuple(observable_columns), sigma_cells)
-
-
-def check_levels(arrays: ExperimentArrays, levels: tuple) -> None:
-    """Every level has a member per row, and each member of an inner level belongs to one member of
-    every outer level (the vectorized ``Study._check_levels``)."""
-    missing = [lv for lv in levels if lv not in arrays.groups]
-    if missing:
-        raise ValueError(f"Study: groups has no members for level(s) {missing}; give groups={{level: names}}.")
-    extra = [lv for lv in arrays.groups if lv not in levels]
-    if extra:
-        raise ValueError(f"Study: groups names unknown level(s) {extra}; levels are {levels}.")
-    for depth, lv in enumerate(levels):
-        codes, members = arrays.groups[lv]
-        first = np.full(len(members), -1, dtype=np.int64)
-        first[codes[::-1]] = np.arange(codes.size)[::-1]  # each member's first row
-        for outer in levels[:depth]:
-            oc, om = arrays.groups[outer]
-            bad = oc != oc[first[codes]]
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise ValueError(f"{_label('Study', arrays.ids, i)}: groups: member {members[codes[i]]!r} of level "
-                                 f"{lv!r} belongs to {om[oc[first[codes[i]]]]!r} of {outer!r} elsewhere and to "
-                                 f"{om[oc[i]]!r} here; a member belongs to one outer member.")  # fmt: skip
-
-
-def term_constants(data: np.ndarray, sigma: np.ndarray | None, columns: tuple) -> np.ndarray:
-    """The ``nll`` terms that no parameter changes, per experiment ``(E,)``, of data ``(E, m, k)``
-    and known spreads broadcastable to it (NaN or None: not known): ``log 2 pi`` (normal) or
-    ``log 2`` (Laplace), ``log s`` of the known spreads, ``log(d ln b)`` of logarithmic columns."""
-    mask = np.isfinite(data)
-    count = np.sum(mask, axis=(1, 2))
-    laplace = np.array([c.distribution == LAPLACE for c in columns])
-    n_laplace = np.sum(mask & laplace[None, None, :], axis=(1, 2)) if laplace.any() else 0
-    c = 0.5 * math.log(2 * math.pi) * (count - n_laplace) + math.log(2.0) * n_laplace
-    if sigma is not None:
-        # The logarithm of the spreads as given (a number, a column, ...), broadcast afterwards.
-        s = np.asarray(sigma, dtype=np.float64)
-        known = np.isfinite(s) & (s > 0)
-        log_s = np.log(np.where(known, s, 1.0))
-        if s.size == 1:
-            c = c + float(log_s.reshape(-1)[0]) * count
-        else:
-            c = c + np.sum(np.where(mask & np.broadcast_to(known, data.shape), np.broadcast_to(log_s, data.shape), 0.0),
-                           axis=(1, 2))  # fmt: skip
-    bases = [col.log_base for col in columns]
-    logs = np.array([b is not None for b in bases])
-    if logs.any():
-        c = c + np.sum(np.log(np.where(mask & logs[None, None, :], data, 1.0)), axis=(1, 2))
-        lnb = np.array([math.log(math.log(b)) if b is not None and b != math.e else 0.0 for b in bases])
-        c = c + np.sum(mask * lnb[None, None, :], axis=(1, 2))
-    return np.asarray(c, dtype=np.float64)
-
-
-def dynamic_cells(arrays: ExperimentArrays) -> np.ndarray:
-    """Measured values per experiment whose spread comes from a parameter or a function ``(E,)``."""
-    measured = np.isfinite(arrays.data)
-    if arrays.sigma_name is not None:
-        return np.sum(measured, axis=(1, 2))
-    dynamic = np.array([f is not None for f in arrays.sigma_functions])[None, None, :]
-    if arrays.sigma_names is not None:
-        dynamic = dynamic | (arrays.sigma_names != "")
-    if not dynamic.any():
-        return np.zeros(len(arrays), dtype=np.int64)
-    return np.sum(measured & dynamic, axis=(1, 2))
-
-
-# -- packing ----------------------------------------------------------------------------------------
-def _rows(x: Any, idx: np.ndarray, E: int):
-    """``x[idx]`` of a per-row array, or ``x`` itself when it is shared (a number or one row)."""
-    if np.ndim(x) == 0 or np.shape(x)[0] != E:
-        return x
-    return np.asarray(x)[idx]
-
-
-def pack_arrays(study: Any, plan: ArrayPlan, const: np.ndarray, members: Any, order: Any) -> dict:
-    """The packed lanes (``InferenceProblem.pack``'s arrays) of rows ``order`` (-1: a padding lane,
-    which repeats the group's first member, is not valid and adds nothing), by fancy indexing."""
-    arrays, prob = study.arrays, study.problem
-    order = np.asarray(order, dtype=np.int64)
-    real = order >= 0
-    idx = np.where(real, order, members[0])
-    E, m, k = arrays.shape
-    L, n = idx.size, prob.n_states
-    data = arrays.data[idx]
-    mask = np.isfinite(data) & real[:, None, None]
-    arr = {
-        "times": np.ascontiguousarray(arrays.times[idx]),
-        "t0": np.broadcast_to(_rows(arrays.t0, idx, E), (L,)).astype(np.float64),
-        "data": np.where(mask, data, 1.0), "mask": mask,
-        "sigma": np.ones((L, m, k)), "sigma_entry": np.zeros(L, dtype=np.int32),
-        "y0": np.zeros((L, n)), "const": np.where(real, const[idx], 0.0), "valid": real,
-    }  # fmt: skip
-    if arrays.sigma is not None:
-        s = _rows(arrays.sigma, idx, E)
-        s = np.broadcast_to(s, (L, m, k))
-        arr["sigma"] = np.where(np.isfinite(s), s, 1.0)
-    if np.ndim(plan.sigma_entry) or plan.sigma_entry >= 0:
-        arr["sigma_entry"][:] = _rows(plan.sigma_entry, idx, E)
-    if plan.sigma_cells is not None:
-        arr["sigma_entries"] = np.broadcast_to(_rows(plan.sigma_cells, idx, E), (L, m, k)).astype(np.int32)
-    if arrays.y0_function is None:  # (a y0 function computes it from the parameters)
-        y0 = arrays.y0 if arrays.y0 is not None else np.asarray(prob.spec.y0, dtype=np.float64)
-        arr["y0"][:] = _rows(y0, idx, E) if y0.ndim == 2 else y0
-    arr["p_entry"], arr["p_fixed"] = _plan_lanes(plan.columns, idx, E)
-    if plan.observable_columns:
-        arr["op_entry"], arr["op_fixed"] = _plan_lanes(plan.observable_columns, idx, E)
-    times = [float(x.time) for x in arrays.resets if not callable(x.time)]
-    if arrays.resets:
-        arr["reset_times"] = np.zeros((L, len(arrays.resets)))
-        arr["reset_times"][:, [i for i, x in enumerate(arrays.resets) if not callable(x.time)]] = times
-    if not callable(arrays.discontinuities) and arrays.discontinuities:
-        arr["discs"] = np.array(np.broadcast_to(np.asarray(arrays.discontinuities), (L, len(arrays.discontinuities))))
-    return arr
-
-
-def _plan_lanes(columns: tuple, idx: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(entry (L, P) int32, fixed (L, P))`` of the lanes ``idx`` from ``(entry, fixed)`` columns."""
-    L, P = idx.size, len(columns)
-    entries, fixed = np.full((L, P), -1, dtype=np.int32), np.zeros((L, P))
-    for j, (entry, value) in enumerate(columns):
-        entries[:, j] = _rows(entry, idx, E)
-        fixed[:, j] = _rows(value, idx, E)
-    return entries, fixed

@@ -10,7 +10,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ._experiment import Experiment
-from ._experiment_arrays import ExperimentArrays, ExperimentViews, check_levels, resolve_arrays
+from ._array_plan import check_levels, resolve_arrays
+from ._experiment_arrays import ExperimentArrays, ExperimentViews
 from ._noise import Gaussian
 
 SCALES = ("lin", "log", "log10")

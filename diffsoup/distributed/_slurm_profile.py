@@ -30,6 +30,7 @@ import dataclasses
 import difflib
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _check_keys(table: Mapping[str, Any], where: str) -> None:
     raise ValueError(f"{where}: unknown key(s) {unknown} in [slurm]{hint}; known: {', '.join(known)}.")
 
 
-def read_profile(profile: Any) -> SlurmProfile:
+def read_slurm_profile(profile: Any) -> SlurmProfile:
     """A SLURM profile (a TOML path, a mapping, or a :class:`SlurmProfile`), checked.
 
     Raises:
@@ -214,3 +215,10 @@ def read_profile(profile: Any) -> SlurmProfile:
     if isinstance(profile, (str, os.PathLike)):
         return SlurmProfile.from_toml(profile)
     return SlurmProfile.from_mapping(profile)
+
+
+def read_profile(profile: Any) -> SlurmProfile:
+    """Deprecated name of :func:`read_slurm_profile` (a SLURM profile, not a likelihood profile)."""
+    warnings.warn("ds.distributed.read_profile is deprecated: call ds.distributed.read_slurm_profile "
+                  "(same arguments, same result).", DeprecationWarning, stacklevel=2)  # fmt: skip
+    return read_slurm_profile(profile)
