@@ -163,7 +163,7 @@ def test_ensemble_write_is_published(client, tmp_path):
     problem = net.to_spec(y0=np.linspace(1.0, 2.0, 6)).build()
     base = np.array(list(net.parameters.values()))
     params = base * 10 ** np.random.default_rng(7).uniform(-0.5, 0.5, (10, base.size))
-    ens = ds.distributed.ensemble(problem, params=params, t_eval=np.linspace(0.0, 4.0, 5), chunk_size=4,
+    ens = ds.distributed.ensemble(problem, params=params, t_eval=np.linspace(0.0, 4.0, 5), draws_per_chunk=4,
                                   client=client, resources={})  # fmt: skip
     written = ens.to_zarr(tmp_path / "e.zarr", client=client)
     answer = _get(client, "/diffsoup/ensembles.json")
