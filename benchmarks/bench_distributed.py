@@ -10,9 +10,15 @@ transfer, gathering, dashboard update).
 Efficiencies: weak ``t(1 worker) / t(n workers)`` at n times the work; strong
 ``t(1) / (n t(n))``. On a 2-core machine 4 workers share 2 cores, so expect no gain past 2.
 
-Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]``;
-prints a table and writes ``benchmarks/results/bench_distributed.json`` (``..._pw<N>.json`` for
-another ``--per-worker``).
+The dashboard's cost: on 2 workers (weak study), the median evaluation with diffsoup's state not
+published at all, published with no page open, and published with the ``/diffsoup`` page open in
+headless Chromium (Playwright; without it a Bokeh client session, which runs the same server-side
+updates); the three alternate in rounds, so drifts of a shared machine hit all three alike.
+
+Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]
+[--dashboard-repeats 15] [--only-dashboard]``; prints tables and writes
+``benchmarks/results/bench_distributed.json`` (``..._pw<N>.json`` for another ``--per-worker``;
+``bench_distributed_dashboard.json`` with ``--only-dashboard``).
 """
 
 from __future__ import annotations
@@ -59,13 +65,7 @@ def _time(fn, repeats):
 
 
 def _distributed(study, workers, repeats):
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, resources={"GPU": 1},
-                           host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                           env={"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
-                           preload=["diffsoup.distributed._worker"])  # fmt: skip
-    client = Client(cluster, set_as_default=False)
+    cluster, client = _cluster(workers)
     try:
         with ds.distributed.run(study, cluster=client, name="bench") as low:
             shard_seconds = []
@@ -82,12 +82,131 @@ def _distributed(study, workers, repeats):
         cluster.close()
 
 
+def _cluster(workers):
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, resources={"GPU": 1},
+                           host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                           env={"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+                           preload=["diffsoup.distributed._worker"])  # fmt: skip
+    return cluster, Client(cluster, set_as_default=False)
+
+
+class _Page:
+    """The ``/diffsoup`` page held open: in headless Chromium where Playwright and Debian's chromium
+    are there, else as a Bokeh client session (the server runs the page's updates for either)."""
+
+    def __init__(self, url, browser=True):
+        self.url, self.how = url, None
+        try:
+            if not browser:
+                raise ImportError("a Bokeh session asked for")
+            from playwright.sync_api import sync_playwright
+
+            if not os.path.exists("/usr/bin/chromium"):
+                raise ImportError("no /usr/bin/chromium")
+            self._pw = sync_playwright().start()
+            self._browser = self._pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            self.how = "chromium"
+        except ImportError:
+            self.how = "bokeh session"
+        self._open = None
+
+    def open(self):
+        if self.how == "chromium":
+            self._open = self._browser.new_page()
+            self._open.goto(self.url)
+            self._open.wait_for_timeout(1500)  # rendered and updating
+        else:
+            from bokeh.client import pull_session
+
+            self._open = pull_session(url=self.url)
+
+    def close(self):
+        self._open.close()
+        self._open = None
+
+    def stop(self):
+        if self.how == "chromium":
+            self._browser.close()
+            self._pw.stop()
+
+
+def _dashboard_cost(study, workers, repeats, rounds=8, browser=True):
+    """Per round, the median evaluation seconds with the state not published, published with the
+    page closed, and with it open; the order of the three rotates from round to round."""
+    cluster, client = _cluster(workers)
+    modes = ["not published", "page closed", "page open"]
+    per_round = []
+    try:
+        with ds.distributed.run(study, cluster=client, name="bench_dashboard") as low:
+            page = _Page(f"{low.dashboard}/diffsoup", browser)
+            backend = low.backend
+            low.value_and_grad(THETA)  # compiles
+            try:
+                for r in range(rounds):
+                    medians = {}
+                    for mode in modes[r % 3:] + modes[: r % 3]:
+                        if mode == "not published":
+                            backend._publish = lambda final=False: None
+                        if mode == "page open":
+                            page.open()
+                        times = []
+                        for _ in range(repeats):
+                            t0 = time.perf_counter()
+                            low.value_and_grad(THETA)
+                            times.append(time.perf_counter() - t0)
+                        medians[mode] = statistics.median(times)
+                        if mode == "page open":
+                            page.close()
+                        if mode == "not published":
+                            del backend._publish
+                    per_round.append(medians)
+            finally:
+                page.stop()
+            how = page.how
+    finally:
+        client.close()
+        cluster.close()
+    return per_round, how
+
+
+def _dashboard_rows(a):
+    n = a.per_worker * 2
+    per_round, how = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
+    rows = []
+    for mode in per_round[0]:
+        ratios = [r[mode] / r["page closed"] - 1.0 for r in per_round]
+        rows.append({"state": mode, "workers": 2, "experiments": n,
+                     "wall_s": statistics.median(r[mode] for r in per_round),
+                     "vs_page_closed": statistics.median(ratios),  # paired by round: drifts cancel
+                     "vs_page_closed_min": min(ratios), "vs_page_closed_max": max(ratios)})  # fmt: skip
+    print(f"\ndashboard cost (2 workers, {n} experiments, value+grad; {len(per_round)} rounds of "
+          f"{a.dashboard_repeats} per state; page in {how}):")  # fmt: skip
+    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15} {'range over rounds':>20}")
+    for r in rows:
+        print(f"{r['state']:>14} {r['wall_s'] * 1e3:>9.2f} {r['vs_page_closed'] * 100:>14.2f}% "
+              f"{r['vs_page_closed_min'] * 100:>8.1f}% .. {r['vs_page_closed_max'] * 100:.1f}%")  # fmt: skip
+    return rows, how
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--per-worker", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--dashboard-repeats", type=int, default=15)
+    p.add_argument("--only-dashboard", action="store_true")
+    p.add_argument("--page", choices=("chromium", "bokeh"), default="chromium",
+                   help="what holds the page open (chromium falls back to a Bokeh session without Playwright)")
     a = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    dashboard, how = _dashboard_rows(a)
+    if a.only_dashboard:
+        out = {"benchmark": "bench_distributed.dashboard", "cpu_count": os.cpu_count(), "per_worker": a.per_worker,
+               "page": how, "dashboard": dashboard}  # fmt: skip
+        (RESULTS / "bench_distributed_dashboard.json").write_text(json.dumps(out, indent=2))
+        return
     rows = []
     strong_n = a.per_worker * max(a.workers)
     local_strong = _time(lambda low=ds.lower(_study(strong_n)): low.value_and_grad(THETA), a.repeats)
@@ -110,10 +229,9 @@ def main(argv=None):
     for r in rows:
         print(f"{r['workers']:>7} {r['scaling']:>7} {r['experiments']:>5} {r['wall_s'] * 1e3:>9.1f} "
               f"{r['slowest_shard_s'] * 1e3:>9.1f} {r['overhead_s'] * 1e3:>11.1f} {r['efficiency']:>10.2f}")  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"benchmark": "bench_distributed", "cpu_count": os.cpu_count(), "per_worker": a.per_worker,
            "repeats": a.repeats, "in_process_s": {str(a.per_worker): local_unit, str(strong_n): local_strong},
-           "rows": rows}  # fmt: skip
+           "rows": rows, "page": how, "dashboard": dashboard}  # fmt: skip
     name = "bench_distributed.json" if a.per_worker == 4 else f"bench_distributed_pw{a.per_worker}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=2))
 

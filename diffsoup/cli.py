@@ -189,7 +189,9 @@ def _simulate_samples(args) -> int:
     sf = _load(args)
     with _cluster(args) as (client, dashboard):
         if dashboard:
-            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+            from .distributed._dashboard import dashboard_line
+
+            print(f"[diffsoup] {dashboard_line(client)}")
         summary = simulate_samples(sf, args.out, samples=args.samples, sampler=args.sampler, seed=args.seed,
                                    client=client, draws_per_chunk=args.draws_per_chunk,
                                    resume=not args.restart)  # fmt: skip
@@ -221,7 +223,9 @@ def _campaign(args) -> int:
     sf = _load(args)
     with _cluster(args) as (client, dashboard):
         if dashboard:
-            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+            from .distributed._dashboard import dashboard_line
+
+            print(f"[diffsoup] {dashboard_line(client)}")
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
                                  max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
                                  resume=not args.restart,
@@ -243,7 +247,9 @@ def _profile(args) -> int:
     parameters = [p.strip() for p in args.parameters.split(",") if p.strip()] if args.parameters else None
     with _cluster(args) as (client, dashboard):
         if dashboard:
-            print(f"[diffsoup] Dask dashboard: {dashboard}/status")
+            from .distributed._dashboard import dashboard_line
+
+            print(f"[diffsoup] {dashboard_line(client)}")
         summary = profile_study(sf, args.out, from_fit=args.from_fit, parameters=parameters,
                                 confidence=args.confidence, simultaneous=args.simultaneous, method=args.method,
                                 max_steps=args.max_steps, hierarchical=args.hierarchical, client=client,

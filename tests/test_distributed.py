@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -200,7 +201,13 @@ def test_dashboard_route_answers_during_a_run(cluster):
         assert state["state"] == "running" and state["evaluations"] == 0
         assert {e["state"] for e in state["experiments"].values()} == {"pending"}
         low.residuals(START)
-        after = json.loads(urllib.request.urlopen(f"{url}/diffsoup/studies/{low.fingerprint}.json", timeout=10).read())
+        # Published asynchronously, at most every 0.5 s (diffsoup.distributed._dashboard_publish).
+        deadline = time.monotonic() + 10
+        while True:
+            after = json.loads(urllib.request.urlopen(f"{url}/diffsoup/studies/{low.fingerprint}.json", timeout=10).read())
+            if after["evaluations"] == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert after["evaluations"] == 1 and after["last_mode"] == "residuals"
         assert set(after["experiments"]) == {"e0", "e1", "e2"}
         assert all(e["state"] == "ok" and e["status"] == "SUCCESS" and e["steps"] > 0 for e in after["experiments"].values())

@@ -24,6 +24,7 @@ from ..store._ledger import (
     remove_stale_temporaries,
     unwritable,
 )
+from ._dashboard_publish import publish_campaign
 from ._progress import ProgressBar
 from ._tasks import CampaignResult, TaskOutcome, TaskRecord, qualified_name
 
@@ -137,6 +138,7 @@ class CampaignLedger:
         self.ledger.save()
         if self.progress is not None:
             self.progress.update(*self.counts())
+        publish_campaign(self)  # the dashboard page (where a Dask scheduler is there; throttled)
 
     def result(self) -> CampaignResult:
         """The campaign's result as the ledger has it now."""

@@ -1,9 +1,16 @@
-"""diffsoup's route on the Dask scheduler's HTTP server: per-experiment states of running studies.
+"""diffsoup's routes and page on the Dask scheduler's HTTP server: the state of running studies,
+campaigns and ensembles.
 
-``ds.distributed.run`` installs the route on the scheduler (on any cluster, embedded or not) and
-publishes its study's state in the scheduler's metadata (``client.set_metadata(["diffsoup",
-"studies", <fingerprint>], ...)``) after every evaluation. The route reads that metadata; bokeh is
-not needed (the route is plain JSON next to the Dask dashboard, on the same host and port).
+Runs publish their state in the scheduler's metadata (``client.set_metadata(["diffsoup", kind,
+<id>], ...)``, throttled and asynchronous: :mod:`diffsoup.distributed._dashboard_publish`):
+``ds.distributed.run``'s studies, ``checkpointed_map``'s campaigns (multistart fits, profiles) and
+``Ensemble.to_zarr``'s writes. :func:`install` (run on the scheduler) adds
+
+- JSON routes reading that metadata (bokeh is not needed: plain JSON next to the Dask dashboard,
+  on the same host and port): ``/diffsoup/studies.json``, ``/diffsoup/campaigns.json``,
+  ``/diffsoup/ensembles.json``, and ``/diffsoup/studies/<fingerprint>.json``;
+- where bokeh is installed, the page ``/diffsoup`` (:mod:`._dashboard_page`), linked from the
+  dashboard's navigation bar.
 
 ``GET /diffsoup/studies.json`` answers::
 
@@ -34,6 +41,12 @@ not needed (the route is plain JSON next to the Dask dashboard, on the same host
     }
 
 ``GET /diffsoup/studies/<fingerprint>.json`` answers one study's object (404 if unknown).
+
+``GET /diffsoup/campaigns.json`` answers ``{"schema": "diffsoup.campaigns/1", "campaigns": {<id>:
+record}}`` and ``GET /diffsoup/ensembles.json`` ``{"schema": "diffsoup.ensembles/1", "ensembles":
+{<id>: record}}``, the records as :class:`~._dashboard_publish.CampaignPublisher` and
+:class:`~._dashboard_publish.EnsemblePublisher` document them (ids: 16 hex digits of SHA-256 of
+the ledger's or store's path).
 """
 
 from __future__ import annotations
@@ -41,61 +54,103 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ._dashboard_views import published
+
 SCHEMA = "diffsoup.studies/1"
+SCHEMAS = {"studies": SCHEMA, "campaigns": "diffsoup.campaigns/1", "ensembles": "diffsoup.ensembles/1"}
 ROUTE = "/diffsoup/studies.json"
+PAGE = "/diffsoup"
 METADATA_KEY = ("diffsoup", "studies")
+BOKEH_HINT = "pip install 'diffsoup[dashboard]' (bokeh>=3.1)"
 
 
-def _studies(scheduler: Any) -> dict:
+def bokeh_available() -> bool:
+    """Whether Dask's Bokeh dashboard (and so diffsoup's page) can be served here."""
     try:
-        return dict(scheduler.get_metadata(keys=list(METADATA_KEY), default={}) or {})
-    except Exception:  # noqa: BLE001 (metadata missing or malformed: show nothing)
-        return {}
+        import distributed.dashboard.core  # noqa: F401 (checks bokeh's version too)
+    except Exception:  # noqa: BLE001 (ImportError, or Dask's warning turned error)
+        return False
+    return True
 
 
 def install(dask_scheduler: Any = None) -> str:
-    """Run on the scheduler (``client.run_on_scheduler(install)``): add the routes once.
+    """Run on the scheduler (``client.run_on_scheduler(install)``): add the routes and, where
+    bokeh is installed, the page, once.
 
     Returns:
-        The route's path.
+        The page's path (``/diffsoup``), or the studies route's where the page needs bokeh.
     """
     from tornado import web
 
-    if getattr(dask_scheduler, "_diffsoup_route", False):
-        return ROUTE
     scheduler = dask_scheduler
+    if getattr(scheduler, "_diffsoup_route", None):
+        return scheduler._diffsoup_route
 
-    class Studies(web.RequestHandler):
-        def get(self, fp: str | None = None) -> None:
-            studies = _studies(scheduler)
+    class Published(web.RequestHandler):
+        def get(self, kind: str, fp: str | None = None) -> None:
+            records = published(scheduler, kind)
             self.set_header("Content-Type", "application/json")
             if fp is None:
-                self.write(json.dumps({"schema": SCHEMA, "studies": studies}))
+                self.write(json.dumps({"schema": SCHEMAS[kind], kind: records}))
                 return
-            if fp not in studies:
+            if fp not in records:
                 self.set_status(404)
-                self.write(json.dumps({"schema": SCHEMA, "error": f"no study {fp!r}"}))
+                self.write(json.dumps({"schema": SCHEMAS[kind], "error": f"no {kind[:-1]} {fp!r}"}))
                 return
-            self.write(json.dumps(studies[fp]))
+            self.write(json.dumps(records[fp]))
 
     app = getattr(scheduler, "http_application", None)
     if app is None:
         raise RuntimeError("the scheduler serves no HTTP (start it with a dashboard address)")
-    app.add_handlers(r".*", [(r"/diffsoup/studies\.json", Studies), (r"/diffsoup/studies/([0-9a-f]+)\.json", Studies)])
+    app.add_handlers(r".*", [(r"/diffsoup/(studies|campaigns|ensembles)\.json", Published),
+                             (r"/diffsoup/(studies|campaigns|ensembles)/([0-9a-f]+)\.json", Published)])  # fmt: skip
     # add_handlers appends a host rule; Tornado tries host rules in order, so move ours (the last)
     # first, where no catch-all route of Dask's can hide it.
     rules = app.default_router.rules
     rules.insert(0, rules.pop())
-    scheduler._diffsoup_route = True
-    return ROUTE
+    route = ROUTE
+    if bokeh_available():
+        from ._dashboard_page import add_page
+
+        add_page(scheduler)
+        route = PAGE
+    scheduler._diffsoup_route = route
+    return route
+
+
+def page_line(client: Any) -> str | None:
+    """One line saying where diffsoup's page is (or, without bokeh, how to get it and where the
+    JSON is), after installing it on ``client``'s scheduler; None where the scheduler serves no HTTP."""
+    url = dashboard_url(client)
+    if url is None:
+        return None
+    try:
+        route = client.run_on_scheduler(install)
+    except Exception:  # noqa: BLE001
+        return None
+    if route == PAGE:
+        return f"diffsoup page: {url}{PAGE}"
+    return f"diffsoup page: {BOKEH_HINT} on the scheduler; meanwhile JSON at {url}{ROUTE}"
+
+
+def dashboard_line(client: Any) -> str | None:
+    """``Dask dashboard: <url>/status; diffsoup page: <url>/diffsoup`` (without bokeh on the
+    scheduler, how to get the page and where its JSON is), for the ``diffsoup`` command's output;
+    None where the scheduler serves no HTTP."""
+    url = dashboard_url(client)
+    if url is None:
+        return None
+    page = page_line(client)
+    return f"Dask dashboard: {url}/status" + (f"; {page}" if page else "")
 
 
 def dashboard_url(client: Any) -> str | None:
     """``http://host:port`` of the scheduler's HTTP server (the Dask dashboard, which also serves
-    diffsoup's route), or None when the scheduler serves none."""
+    diffsoup's routes and page), or None when the scheduler serves none."""
     info = client.scheduler_info()
     port = (info.get("services") or {}).get("dashboard")
     if port is None:
         return None
-    host = info["address"].split("://", 1)[-1].rsplit(":", 1)[0]
+    scheme, _, rest = info["address"].partition("://")
+    host = "127.0.0.1" if scheme == "inproc" else rest.rsplit(":", 1)[0]  # in-process: the local host
     return f"http://{host}:{port}"

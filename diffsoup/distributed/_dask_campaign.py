@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, final
 
 from ..store._ledger import now_iso
 from ._campaign_ledger import CampaignLedger, CampaignPlan, open_campaign
+from ._dashboard_publish import publish_campaign
 from ._config import get
 from ._runner import CampaignRunner
 from ._tasks import CampaignResult, TaskOutcome, run_task
@@ -135,6 +136,7 @@ class DaskRunner(CampaignRunner):
 
                 cluster, client = embedded_cluster(self.resources)
                 logger.info("started the embedded Dask cluster %s", cluster)
+        publish_campaign(campaign, client)  # the dashboard page, through this campaign's client
         to_run = campaign.to_run
         events: queue.SimpleQueue = queue.SimpleQueue()
         topic = f"diffsoup-campaign-{uuid.uuid4().hex}"

@@ -61,6 +61,7 @@ def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: 
     """Compute ``stored`` (Dask's store graph, unoptimized: the solve tasks keep their resources)
     here, while a thread reports the chunks marked in the store about once a second (so that
     Ctrl-C reaches the computation)."""
+    from ._dashboard_publish import ensemble_reporter
     from ._progress import ProgressBar
 
     bar = None
@@ -71,6 +72,7 @@ def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: 
         report = lambda done: progress(done, total)  # noqa: E731
     else:
         report = None
+    report = ensemble_reporter(target, total, to_write, report, client)  # the dashboard page (Dask)
     stop = threading.Event()
 
     def poll() -> None:

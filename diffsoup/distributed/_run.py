@@ -391,15 +391,10 @@ class DaskBackend:
                 )
             time.sleep(0.2)
 
-    def _publish(self) -> None:
-        from ._dashboard import METADATA_KEY
+    def _publish(self, final: bool = False) -> None:
+        from ._dashboard_publish import publish_study, study_record
 
-        shards = [{"shard": sid, "worker": self.pin[sid], "experiments": len(m)} for sid, m in enumerate(self.members)]
-        record = dict(self.status, shards=shards, experiments=self.exp_state)
-        try:
-            self.client.set_metadata([*METADATA_KEY, self.fp], record)
-        except Exception as exc:  # noqa: BLE001 (the dashboard must never fail a fit)
-            logger.debug("could not publish the study state: %s", exc)
+        publish_study(self.client, self.fp, lambda: study_record(self), final=final)
 
     def _submit(self, mode: str, argument: Any) -> list:
         suffix = uuid.uuid4().hex[:8]
@@ -451,7 +446,7 @@ class DaskBackend:
 
     def close(self) -> None:
         self.status.update(state="closed", updated=_now())
-        self._publish()
+        self._publish(final=True)
         try:
             self.client.run(_release, self.fp)
         except Exception as exc:  # noqa: BLE001

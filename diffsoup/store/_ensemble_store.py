@@ -247,6 +247,12 @@ class EnsembleStore:
         names[STATUS_NOT_WRITTEN] = "NOT_WRITTEN"
         return {names.get(int(c), str(int(c))): int(n) for c, n in zip(codes, counts)}
 
+    def chunk_status(self, index: int) -> np.ndarray:
+        """The ``ds.Status`` codes of chunk ``index``'s rows (``-1``: not written)."""
+        import zarr
+
+        return np.asarray(zarr.open_array(str(self.path / "status"), mode="r")[self.layout.chunk_slice(index)])
+
     def begin_run(self, missing: Sequence[int]) -> int:
         """Record the start of a write of the chunks ``missing``; returns the run's number (1, 2, ...)."""
         import zarr

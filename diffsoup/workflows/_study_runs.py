@@ -241,10 +241,11 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         result = _fit_or_explain(sf, fit, lowered, fit_options)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
     from ..distributed import run
+    from ..distributed._dashboard import dashboard_line
 
     with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
         if getattr(lowered, "dashboard", None):
-            log(f"[diffsoup] Dask dashboard: {lowered.dashboard}/status (studies: {lowered.dashboard}/diffsoup/studies.json)")
+            log(f"[diffsoup] {dashboard_line(lowered.client)}")  # the Dask dashboard and diffsoup's page
             extra["dashboard"] = lowered.dashboard
         result = _fit_or_explain(sf, fit, lowered, fit_options)
         extra["wall_seconds"] = round(time.perf_counter() - start, 3)
