@@ -15,9 +15,12 @@ Run ``diffsoup <command> --help`` for a command's options.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 # The one vocabulary of ds.inference.Fides(hessian=...) (a module that imports nothing).
@@ -39,8 +42,9 @@ where the work runs (fit, campaign, profile):
                        SLURMCluster jobs, one worker per GPU, scaled with adapt()
   --in-process         no Dask: everything in this process
 
-errors print as one line (exit status 2 for a study file or ledger to fix, 1 for a failed run);
-DIFFSOUP_TRACEBACK=1 shows the traceback.
+errors print as one line (exit status 2 for a study file, output folder or ledger to fix, 1 for a
+failed run); DIFFSOUP_TRACEBACK=1 shows the traceback. Ctrl-C prints one line saying what was kept
+(exit status 130): a campaign's ledger keeps its finished starts, and the same command resumes.
 
 examples:
   diffsoup demo
@@ -439,8 +443,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Errors the command reports as one line (no traceback), with its exit status: 2 for input the
-# user must change (a study file, a ledger of other starts), 1 for a run that failed.
-INPUT_ERROR, RUN_ERROR = 2, 1
+# user must change (a study file, an output folder, a ledger of other starts), 1 for a run that
+# failed; 130 (128 + SIGINT, as a shell reports it) for a run stopped by Ctrl-C.
+INPUT_ERROR, RUN_ERROR, INTERRUPTED = 2, 1, 130
+# The commands that write an output folder (--out), checked before any work.
+WRITERS = ("demo", "simulate", "fit", "campaign", "profile")
+
+
+def _fit_argv(args: argparse.Namespace) -> tuple[str, ...]:
+    """The fit options given on the command line, as the ``campaign`` command takes them."""
+    argv: list[str] = []
+    for name in ("method", "hessian", "starts", "seed", "max_nfev"):
+        if getattr(args, name, None) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if getattr(args, "hierarchical", None) is not None:
+        argv.append("--hierarchical" if args.hierarchical else "--no-hierarchical")
+    for name in ("scheduler", "slurm", "workers"):
+        if getattr(args, name, None) is not None:
+            argv += [f"--{name}", str(getattr(args, name))]
+    if getattr(args, "in_process", False):
+        argv.append("--in-process")
+    return tuple(argv)
+
+
+def _conflict_line(exc: BaseException) -> str:
+    """A ledger conflict's message for the command: its own advice when it gives the command's
+    (--restart), else the campaign API's advice (on_conflict=..., resume=...) replaced by the command's."""
+    text = _one_line(exc)
+    if "--restart" in text:
+        return text
+    text = text.split(" Pass on_conflict=")[0].rstrip()
+    return f"{text} Run it with --restart to start anew (the ledger is kept as a .bak), or choose another --out."
 
 
 def _raised_by_diffsoup(exc: BaseException) -> bool:
@@ -470,6 +503,19 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if named or not text else text
 
 
+def _interrupt_quietly(stack: "contextlib.ExitStack"):
+    """A SIGINT handler that silences Dask's loggers at once (the cluster's shutdown that follows
+    prints nothing) and raises KeyboardInterrupt; the levels come back when ``stack`` closes."""
+
+    def handler(signum, frame):
+        from .distributed._clusters import quiet_dask_logs
+
+        stack.enter_context(quiet_dask_logs())
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     from ._settings import settings
     from .formats import StudyFileError
@@ -496,6 +542,19 @@ def main(argv: list[str] | None = None) -> int:
     study = getattr(args, "study", None)
     if study is not None and not study.is_file():
         parser.error(f"study file {study} not found")
+    out = getattr(args, "out", None) if args.command in WRITERS else None
+    if out is not None:
+        from .workflows._output_folder import OutputFolderError, check_output_folder
+
+        try:  # before the study is lowered or a cluster starts: a run that cannot keep its results does not start
+            check_output_folder(out)
+        except OutputFolderError as exc:
+            print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
+            return INPUT_ERROR
+    existed = out is not None and out.exists()
+    restore = contextlib.ExitStack()
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _interrupt_quietly(restore)))
     try:
         try:
             return args.func(args)
@@ -503,12 +562,19 @@ def main(argv: list[str] | None = None) -> int:
             if exc.summary is not None:
                 _print_outputs(exc.summary, args.out)
             raise
+    except KeyboardInterrupt:
+        from .workflows._interrupted import interrupted_message, remove_empty_folders
+
+        if out is not None:
+            remove_empty_folders(out, existed)
+        line = interrupted_message(args.command, args, starts=getattr(args, "starts", None), options=_fit_argv(args))
+        print(f"\ndiffsoup {args.command}: {line}", file=sys.stderr)
+        return INTERRUPTED
     except StudyFileError as exc:
         print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
         return INPUT_ERROR
     except LedgerConflictError as exc:
-        print(f"diffsoup {args.command}: {_one_line(exc)} -- run it with --restart to start the campaign anew, or "
-              "choose another --out", file=sys.stderr)  # fmt: skip
+        print(f"diffsoup {args.command}: {_conflict_line(exc)}", file=sys.stderr)
         return INPUT_ERROR
     except (ValueError, TypeError, RuntimeError, OSError) as exc:
         # diffsoup's own errors say what is wrong and how to fix it; a file that cannot be read or
@@ -529,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         from .workflows._compile_progress import remove_compile_progress
 
         remove_compile_progress()
+        restore.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

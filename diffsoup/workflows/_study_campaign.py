@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ._output_folder import check_output_folder
 from ._study_runs import (
     StudyLowering,
     _describe,
@@ -134,7 +135,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..inference import FitResult, window_solves
 
     sf = _study_file(study)
-    out = Path(out)
+    out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
 
