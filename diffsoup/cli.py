@@ -220,9 +220,12 @@ def _fit(args) -> int:
 
 def _campaign(args) -> int:
     _enable_x64()
-    from .workflows import campaign_study
+    from .workflows import campaign_study, check_campaign
 
     sf = _load(args)
+    if not args.restart:  # a rerun with other settings is refused here, before a cluster starts
+        check_campaign(sf, args.out, starts=args.starts, seed=args.seed, method=args.method, max_nfev=args.max_nfev,
+                       hessian=args.hessian, hierarchical=args.hierarchical)  # fmt: skip
     with _cluster(args) as (client, dashboard):
         if dashboard:
             print(f"[diffsoup] Dask dashboard: {dashboard}/status")
