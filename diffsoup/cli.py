@@ -506,6 +506,27 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if named or not text else text
 
 
+def _one_line_warnings(stack: contextlib.ExitStack) -> None:
+    """Show diffsoup's own warnings (a class of diffsoup's, as ``ToleranceWarning``) as one line
+    ``diffsoup: warning: ...`` on stderr instead of Python's form (file, line and source line),
+    each message once; other warnings keep Python's form. Undone when ``stack`` closes."""
+    import warnings
+
+    shown: set[str] = set()
+    python_form = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.partition(".")[0] != "diffsoup":
+            return python_form(message, category, filename, lineno, file, line)
+        text = " ".join(str(message).split())
+        if text not in shown:
+            shown.add(text)
+            print(f"diffsoup: warning: {text}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    stack.callback(setattr, warnings, "showwarning", python_form)
+
+
 def _interrupt_quietly(stack: "contextlib.ExitStack"):
     """A SIGINT handler that silences Dask's loggers at once (the cluster's shutdown that follows
     prints nothing) and raises KeyboardInterrupt; the levels come back when ``stack`` closes."""
@@ -556,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             return INPUT_ERROR
     existed = out is not None and out.exists()
     restore = contextlib.ExitStack()
+    _one_line_warnings(restore)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
         restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _interrupt_quietly(restore)))
     try:
