@@ -243,7 +243,9 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         result = _fit_or_explain(sf, fit, lowered, fit_options)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
     from ..distributed import run
+    from ..distributed._compile_forwarding import forward_compile_progress
 
+    forward_compile_progress(client)  # the workers' compilations are shown while the bar waits for them
     with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
         if getattr(lowered, "dashboard", None):
             log(f"[diffsoup] Dask dashboard: {lowered.dashboard}/status (studies: {lowered.dashboard}/diffsoup/studies.json)")
