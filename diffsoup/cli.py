@@ -502,7 +502,7 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{text}: {exc.filename}"
     plain = (ValueError, TypeError, RuntimeError, OSError)
-    named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ != "StudyFileError"
+    named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ not in ("StudyFileError", "OutputFolderError")
     return f"{type(exc).__name__}: {text}" if named or not text else text
 
 
