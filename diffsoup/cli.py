@@ -290,7 +290,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
                    "evaluation; --no-hierarchical: none (default: the file's [fit] hierarchical; where it does not "
                    "say, the noise levels that qualify)")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
-    p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
+    p.add_argument("--seed", type=int, help="seed of the start points (a scrambled Sobol' sequence)")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_where_options(p)
@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = sub.add_parser(
         "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
-        description="Fit the estimated parameters of a study file: Latin hypercube starts, each minimized by "
+        description="Fit the estimated parameters of a study file: start points of a scrambled Sobol' sequence, each minimized by "
         "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities (or scipy's trust-region "
         "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes "
         "OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,estimates}.png.",

@@ -134,7 +134,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         out: the output directory (holds the ledger).
         client: a ``distributed.Client``, or None to run the starts here one after another.
         starts, seed, method, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings (as for
-            :func:`fit_study`); the start points are Latin hypercube samples fixed by ``seed``.
+            :func:`fit_study`); the start points are the scrambled Sobol' sequence of ``seed``
+            (point ``i`` the same for any count: a rerun with more starts keeps the finished ones
+            and runs the new ones).
             A start point that fails to solve is not replaced (the start fails).
         resume, on_conflict: as for ``checkpointed_map``.
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
