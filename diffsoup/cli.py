@@ -453,22 +453,6 @@ INPUT_ERROR, RUN_ERROR, INTERRUPTED = 2, 1, 130
 WRITERS = ("demo", "simulate", "fit", "campaign", "profile")
 
 
-def _fit_argv(args: argparse.Namespace) -> tuple[str, ...]:
-    """The fit options given on the command line, as the ``campaign`` command takes them."""
-    argv: list[str] = []
-    for name in ("method", "hessian", "starts", "seed", "max_nfev"):
-        if getattr(args, name, None) is not None:
-            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    if getattr(args, "hierarchical", None) is not None:
-        argv.append("--hierarchical" if args.hierarchical else "--no-hierarchical")
-    for name in ("scheduler", "slurm", "workers"):
-        if getattr(args, name, None) is not None:
-            argv += [f"--{name}", str(getattr(args, name))]
-    if getattr(args, "in_process", False):
-        argv.append("--in-process")
-    return tuple(argv)
-
-
 def _conflict_line(exc: BaseException) -> str:
     """A ledger conflict's message for the command: its own advice when it gives the command's
     (--restart), else the campaign API's advice (on_conflict=..., resume=...) replaced by the command's."""
@@ -504,40 +488,6 @@ def _one_line(exc: BaseException) -> str:
     plain = (ValueError, TypeError, RuntimeError, OSError)
     named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ not in ("StudyFileError", "OutputFolderError")
     return f"{type(exc).__name__}: {text}" if named or not text else text
-
-
-def _one_line_warnings(stack: contextlib.ExitStack) -> None:
-    """Show diffsoup's own warnings (a class of diffsoup's, as ``ToleranceWarning``) as one line
-    ``diffsoup: warning: ...`` on stderr instead of Python's form (file, line and source line),
-    each message once; other warnings keep Python's form. Undone when ``stack`` closes."""
-    import warnings
-
-    shown: set[str] = set()
-    python_form = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.partition(".")[0] != "diffsoup":
-            return python_form(message, category, filename, lineno, file, line)
-        text = " ".join(str(message).split())
-        if text not in shown:
-            shown.add(text)
-            print(f"diffsoup: warning: {text}", file=sys.stderr, flush=True)
-
-    warnings.showwarning = show
-    stack.callback(setattr, warnings, "showwarning", python_form)
-
-
-def _interrupt_quietly(stack: "contextlib.ExitStack"):
-    """A SIGINT handler that silences Dask's loggers at once (the cluster's shutdown that follows
-    prints nothing) and raises KeyboardInterrupt; the levels come back when ``stack`` closes."""
-
-    def handler(signum, frame):
-        from .distributed._clusters import quiet_dask_logs
-
-        stack.enter_context(quiet_dask_logs())
-        raise KeyboardInterrupt
-
-    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,10 +526,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
             return INPUT_ERROR
     existed = out is not None and out.exists()
+    from .workflows._interrupted import interrupt_quietly
+    from .workflows._one_line_warnings import one_line_warnings
+
     restore = contextlib.ExitStack()
-    _one_line_warnings(restore)
+    one_line_warnings(restore)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
-        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _interrupt_quietly(restore)))
+        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, interrupt_quietly(restore)))
     try:
         try:
             return args.func(args)
@@ -588,11 +541,11 @@ def main(argv: list[str] | None = None) -> int:
                 _print_outputs(exc.summary, args.out)
             raise
     except KeyboardInterrupt:
-        from .workflows._interrupted import interrupted_message, remove_empty_folders
+        from .workflows._interrupted import fit_argv, interrupted_message, remove_empty_folders
 
         if out is not None:
             remove_empty_folders(out, existed)
-        line = interrupted_message(args.command, args, starts=getattr(args, "starts", None), options=_fit_argv(args))
+        line = interrupted_message(args.command, args, starts=getattr(args, "starts", None), options=fit_argv(args))
         print(f"\ndiffsoup {args.command}: {line}", file=sys.stderr)
         return INTERRUPTED
     except StudyFileError as exc:

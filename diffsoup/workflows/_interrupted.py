@@ -1,5 +1,8 @@
 """What a command stopped by Ctrl-C says, and what it leaves behind.
 
+The command's SIGINT handler (:func:`interrupt_quietly`) silences Dask's loggers at once, so that
+the shutdown of the cluster that follows prints nothing, and raises ``KeyboardInterrupt``.
+
 The command prints one line (what finished, what is kept, how to go on) instead of the tracebacks
 of the client, the scheduler and the workers, and removes what the run created and left empty (the
 output folder of a fit stopped before its results, an empty ``plots/``). What finished is kept
@@ -15,6 +18,7 @@ where it can be resumed from:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from pathlib import Path
@@ -74,3 +78,32 @@ def interrupted_message(command: str, args: Any, *, starts: int | None = None, o
                 f"{shlex.quote(str(out))}{(' ' + tail) if tail else ''}' runs the same starts as a campaign, "
                 f"whose ledger keeps each finished start (a rerun after Ctrl-C runs only the others)")  # fmt: skip
     return "interrupted"
+
+
+def fit_argv(args: Any) -> tuple[str, ...]:
+    """The fit options given on the command line, as the ``campaign`` command takes them."""
+    argv: list[str] = []
+    for name in ("method", "hessian", "starts", "seed", "max_nfev"):
+        if getattr(args, name, None) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if getattr(args, "hierarchical", None) is not None:
+        argv.append("--hierarchical" if args.hierarchical else "--no-hierarchical")
+    for name in ("scheduler", "slurm", "workers"):
+        if getattr(args, name, None) is not None:
+            argv += [f"--{name}", str(getattr(args, name))]
+    if getattr(args, "in_process", False):
+        argv.append("--in-process")
+    return tuple(argv)
+
+
+def interrupt_quietly(stack: contextlib.ExitStack):
+    """A SIGINT handler that silences Dask's loggers at once (the cluster's shutdown that follows
+    prints nothing) and raises KeyboardInterrupt; the levels come back when ``stack`` closes."""
+
+    def handler(signum, frame):
+        from ..distributed._clusters import quiet_dask_logs
+
+        stack.enter_context(quiet_dask_logs())
+        raise KeyboardInterrupt
+
+    return handler
