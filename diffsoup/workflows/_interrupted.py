@@ -35,18 +35,11 @@ def _finished(ledger: Path) -> tuple[int, int] | None:
 
 
 def remove_empty_folders(out: Path, existed: bool) -> None:
-    """Remove the empty folders a stopped run left in ``out`` (``plots/``), and ``out`` itself when
-    this run created it and it is empty now."""
-    if not out.is_dir():
-        return
-    for sub in sorted((p for p in out.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    """Remove what a stopped run left empty: ``<out>/plots``, and ``out`` itself when this run
+    created it (other empty folders in an output folder that was there are not the run's)."""
+    for folder in (out / "plots", *(() if existed else (out,))):
         try:
-            sub.rmdir()  # only empty ones go
-        except OSError:
-            pass
-    if not existed:
-        try:
-            out.rmdir()
+            folder.rmdir()  # only an empty one goes
         except OSError:
             pass
 
