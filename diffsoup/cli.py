@@ -15,9 +15,12 @@ Run ``diffsoup <command> --help`` for a command's options.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 # The one vocabulary of ds.inference.Fides(hessian=...) (a module that imports nothing).
@@ -39,8 +42,9 @@ where the work runs (fit, campaign, profile):
                        SLURMCluster jobs, one worker per GPU, scaled with adapt()
   --in-process         no Dask: everything in this process
 
-errors print as one line (exit status 2 for a study file or ledger to fix, 1 for a failed run);
-DIFFSOUP_TRACEBACK=1 shows the traceback.
+errors print as one line (exit status 2 for a study file, output folder or ledger to fix, 1 for a
+failed run); DIFFSOUP_TRACEBACK=1 shows the traceback. Ctrl-C prints one line saying what was kept
+(exit status 130): a campaign's ledger keeps its finished starts, and the same command resumes.
 
 examples:
   diffsoup demo
@@ -218,9 +222,12 @@ def _fit(args) -> int:
 
 def _campaign(args) -> int:
     _enable_x64()
-    from .workflows import campaign_study
+    from .workflows import campaign_study, check_campaign
 
     sf = _load(args)
+    if not args.restart:  # a rerun with other settings is refused here, before a cluster starts
+        check_campaign(sf, args.out, starts=args.starts, seed=args.seed, method=args.method, max_nfev=args.max_nfev,
+                       hessian=args.hessian, hierarchical=args.hierarchical)  # fmt: skip
     with _cluster(args) as (client, dashboard):
         if dashboard:
             from .distributed._dashboard import dashboard_line
@@ -289,7 +296,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
                    "evaluation; --no-hierarchical: none (default: the file's [fit] hierarchical; where it does not "
                    "say, the noise levels that qualify)")  # fmt: skip
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
-    p.add_argument("--seed", type=int, help="seed of the Latin hypercube starts")
+    p.add_argument("--seed", type=int, help="seed of the start points (a scrambled Sobol' sequence)")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_where_options(p)
@@ -391,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = sub.add_parser(
         "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
-        description="Fit the estimated parameters of a study file: Latin hypercube starts, each minimized by "
+        description="Fit the estimated parameters of a study file: start points of a scrambled Sobol' sequence, each minimized by "
         "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities (or scipy's trust-region "
         "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes "
         "OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,estimates}.png.",
@@ -445,8 +452,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Errors the command reports as one line (no traceback), with its exit status: 2 for input the
-# user must change (a study file, a ledger of other starts), 1 for a run that failed.
-INPUT_ERROR, RUN_ERROR = 2, 1
+# user must change (a study file, an output folder, a ledger of other starts), 1 for a run that
+# failed; 130 (128 + SIGINT, as a shell reports it) for a run stopped by Ctrl-C.
+INPUT_ERROR, RUN_ERROR, INTERRUPTED = 2, 1, 130
+# The commands that write an output folder (--out), checked before any work.
+WRITERS = ("demo", "simulate", "fit", "campaign", "profile")
+
+
+def _conflict_line(exc: BaseException) -> str:
+    """A ledger conflict's message for the command: its own advice when it gives the command's
+    (--restart), else the campaign API's advice (on_conflict=..., resume=...) replaced by the command's."""
+    text = _one_line(exc)
+    if "--restart" in text:
+        return text
+    text = text.split(" Pass on_conflict=")[0].rstrip()
+    return f"{text} Run it with --restart to start anew (the ledger is kept as a .bak), or choose another --out."
 
 
 def _raised_by_diffsoup(exc: BaseException) -> bool:
@@ -472,7 +492,7 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{text}: {exc.filename}"
     plain = (ValueError, TypeError, RuntimeError, OSError)
-    named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ != "StudyFileError"
+    named = type(exc).__name__ not in {c.__name__ for c in plain} and type(exc).__name__ not in ("StudyFileError", "OutputFolderError")
     return f"{type(exc).__name__}: {text}" if named or not text else text
 
 
@@ -502,6 +522,23 @@ def main(argv: list[str] | None = None) -> int:
     study = getattr(args, "study", None)
     if study is not None and not study.is_file():
         parser.error(f"study file {study} not found")
+    out = getattr(args, "out", None) if args.command in WRITERS else None
+    if out is not None:
+        from .workflows._output_folder import OutputFolderError, check_output_folder
+
+        try:  # before the study is lowered or a cluster starts: a run that cannot keep its results does not start
+            check_output_folder(out)
+        except OutputFolderError as exc:
+            print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
+            return INPUT_ERROR
+    existed = out is not None and out.exists()
+    from .workflows._interrupted import interrupt_quietly
+    from .workflows._one_line_warnings import one_line_warnings
+
+    restore = contextlib.ExitStack()
+    one_line_warnings(restore)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, interrupt_quietly(restore)))
     try:
         try:
             return args.func(args)
@@ -509,12 +546,19 @@ def main(argv: list[str] | None = None) -> int:
             if exc.summary is not None:
                 _print_outputs(exc.summary, args.out)
             raise
+    except KeyboardInterrupt:
+        from .workflows._interrupted import fit_argv, interrupted_message, remove_empty_folders
+
+        if out is not None:
+            remove_empty_folders(out, existed)
+        line = interrupted_message(args.command, args, starts=getattr(args, "starts", None), options=fit_argv(args))
+        print(f"\ndiffsoup {args.command}: {line}", file=sys.stderr)
+        return INTERRUPTED
     except StudyFileError as exc:
         print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
         return INPUT_ERROR
     except LedgerConflictError as exc:
-        print(f"diffsoup {args.command}: {_one_line(exc)} -- run it with --restart to start the campaign anew, or "
-              "choose another --out", file=sys.stderr)  # fmt: skip
+        print(f"diffsoup {args.command}: {_conflict_line(exc)}", file=sys.stderr)
         return INPUT_ERROR
     except (ValueError, TypeError, RuntimeError, OSError) as exc:
         # diffsoup's own errors say what is wrong and how to fix it; a file that cannot be read or
@@ -535,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         from .workflows._compile_progress import remove_compile_progress
 
         remove_compile_progress()
+        restore.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ import diffsoup as ds
 from diffsoup.inference import BatchedTrustRegion, LaneStatus
 from diffsoup.inference.fitting._batched_fit import distinct_optima
 from diffsoup.inference.fitting._batched_trust_region import run_lanes
-from diffsoup.inference.fitting._starts import sobol_points
+from diffsoup.inference.fitting._starts import start_points
 
 SCIPY_TIGHT = dict(ftol=1e-14, xtol=1e-14, gtol=1e-12)
 TIGHT = dict(SCIPY_TIGHT, stall_rtol=0.0)  # scipy's tests alone, tight
@@ -197,8 +197,8 @@ def test_study_evaluates_points_as_lanes_as_it_does_one_by_one(decay):
 
 
 def test_ode_fit_lanes_equal_one_lane_runs_and_reach_the_optimum(decay):
-    points = sobol_points(decay, 4, 0)
-    np.testing.assert_array_equal(points, sobol_points(decay, 7, 0)[:4])  # a stream: start i does not depend on n
+    points = start_points(decay, 4, 0)
+    np.testing.assert_array_equal(points, start_points(decay, 7, 0)[:4])  # a stream: start i does not depend on n
     options = BatchedTrustRegion(lanes=4, polish=0, **TIGHT)
     result = ds.inference.fit(decay, method=options, starts=4, seed=0)
     for i, start in enumerate(result.starts):
@@ -225,7 +225,7 @@ def test_one_start_through_fits_per_start_path_equals_its_lane(decay):
     lane on the study's own evaluation; it ends where the batched fit's lane does."""
     from diffsoup.inference.fitting._fit import run_start
 
-    point = sobol_points(decay, 1, 0)[0]
+    point = start_points(decay, 1, 0)[0]
     options = BatchedTrustRegion(lanes=1, polish=0, **TIGHT)
     alone = run_start(decay, options, point)
     lane = ds.inference.fit(decay, method=options, starts=point[None]).starts[0]

@@ -241,7 +241,7 @@ def test_a_corrupted_ledger_is_refused_and_left_untouched(tmp_path):
     with pytest.raises(LedgerError, match=f"the ledger {path} is corrupted: it is not valid JSON"):
         checkpointed_map(lambda i: calls.append(i), _items(3), ledger_path=path, progress=False)
     assert calls == [] and path.read_bytes() == damaged
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "ledger.json.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]  # the lock file goes with the lock
 
     # resume=False starts anew and keeps the damaged file, byte for byte, as a backup.
     result = checkpointed_map(square, _items(3), ledger_path=path, resume=False, progress=False)
@@ -316,7 +316,7 @@ def test_a_read_only_directory_gives_one_line_naming_it(tmp_path, layout):
     directory.mkdir()
     path = directory / "sub" / "ledger.json" if layout == "missing-subdirectory" else directory / "ledger.json"
     if layout == "existing-ledger":
-        checkpointed_map(square, _items(1), ledger_path=path, progress=False)  # leaves the lock file too
+        checkpointed_map(square, _items(1), ledger_path=path, progress=False)  # and removes its lock file
     code = (
         "import sys; from diffsoup.distributed import checkpointed_map\n"
         "try:\n"
@@ -337,7 +337,7 @@ def test_a_read_only_directory_gives_one_line_naming_it(tmp_path, layout):
     assert message.startswith(f"cannot write the ledger {path}: Permission denied in the directory {directory} ")
     assert message.endswith("another ledger_path (the diffsoup command: another --out).")
     assert sorted(p.name for p in directory.iterdir()) == (
-        ["ledger.json", "ledger.json.lock"] if layout == "existing-ledger" else []
+        ["ledger.json"] if layout == "existing-ledger" else []
     )
 
 

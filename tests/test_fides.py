@@ -20,7 +20,11 @@ def test_fides_recovers_the_closed_form_optimum_and_standard_errors(hessian):
     theta, se, nll = reference_fit(0)
     result = ds.inference.fit(low, method=Fides(hessian=hessian), starts=3, seed=2)
     assert result.method == "fides"
-    assert all(s.success for s in result.starts), [s.message for s in result.starts]
+    # Every start ends at the optimum (the flat waterfall below); from the Sobol' start points the
+    # exact Hessian stops one of them there by its trust region shrinking to its floor
+    # (DELTA_TOO_SMALL, 2e-13 above the closed-form optimum, 6e-8 standard errors from it).
+    assert all(s.success or s.message == "fides: DELTA_TOO_SMALL" for s in result.starts), [s.message for s in result.starts]
+    assert all(s.objective == pytest.approx(nll, abs=1e-7) for s in result.starts)
     assert result.objective == pytest.approx(nll, abs=1e-7)
     assert np.all(np.abs(result.theta - theta) < 1e-3 * se), (result.theta, theta)
     np.testing.assert_allclose([result.standard_errors[n] for n in low.theta_names], se, rtol=1e-4)

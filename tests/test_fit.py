@@ -114,12 +114,11 @@ def test_failed_solves_are_recorded_and_the_fit_goes_on(method):
     assert np.all(np.abs(_z_scores(result, true_theta)) < 4)
 
 
-def test_start_points_are_the_public_latin_hypercube_on_the_scaled_bounds():
-    """Start points: one point per stratum within the (scaled) bounds, bit for bit the formula
-    multistarts always used (scipy's LatinHypercube mapped onto the bounds) and the draws of the
-    public ``ds.inference.latin_hypercube`` from a box of the same bounds on the linear scale; an
+def test_start_points_are_the_public_sobol_sequence_on_the_scaled_bounds():
+    """Start points: the rows of the public ``ds.inference.sobol`` draws (scipy's scrambled Sobol'
+    sequence) from a box of the same bounds on the linear scale, mapped onto the bounds; an
     unbounded coordinate (a window start) keeps its prepared value and takes no column of the
-    hypercube."""
+    sequence."""
     from types import SimpleNamespace
 
     from scipy.stats import qmc
@@ -129,16 +128,33 @@ def test_start_points_are_the_public_latin_hypercube_on_the_scaled_bounds():
     pts = start_points(lowered, 8, seed=3)
     assert pts.shape == (8, 4) and np.all(pts[:, 2] == 7.0)
     bounded = [0, 1, 3]
-    old = lo[bounded] + qmc.LatinHypercube(3, rng=np.random.default_rng(3)).random(8) * (hi[bounded] - lo[bounded])
-    np.testing.assert_array_equal(pts[:, bounded], old)
+    unit = qmc.Sobol(3, scramble=True, rng=np.random.default_rng(3)).random(8)
+    np.testing.assert_array_equal(pts[:, bounded], lo[bounded] + unit * (hi[bounded] - lo[bounded]))
     box = ds.inference.ParameterBox(("a", "b", "c"), lo[bounded], hi[bounded], ("lin",) * 3)
-    np.testing.assert_array_equal(pts[:, bounded], ds.inference.latin_hypercube(box, 8, seed=3))
+    np.testing.assert_allclose(pts[:, bounded], ds.inference.sobol(box, 8, seed=3), rtol=1e-15)
     assert np.all(pts[:, bounded] >= lo[bounded]) and np.all(pts[:, bounded] <= hi[bounded])
+    # 8 Sobol' points (a power of 2): one in each eighth of every coordinate, as a hypercube's.
     strata = np.floor((pts[:, bounded] - lo[bounded]) / (hi[bounded] - lo[bounded]) * 8).astype(int)
     for j in range(3):
         assert sorted(strata[:, j]) == list(range(8))
     np.testing.assert_array_equal(pts, start_points(lowered, 8, seed=3))
     assert start_points(lowered, 0, seed=3).shape == (0, 4)
+
+
+def test_start_points_are_a_stream_whose_prefix_does_not_move_with_the_count():
+    """Point i depends on (seed, i) alone: 40 starts are the first 40 of 44, and ``first=`` gives
+    any later piece of the same stream (what a campaign grown from 40 to 44 starts, or an optimizer
+    refilling its lanes, asks for); another seed gives other points."""
+    from types import SimpleNamespace
+
+    lowered = SimpleNamespace(lower=np.array([-5.0, 0.0]), upper=np.array([5.0, 1.0]), nominal=np.zeros(2))
+    forty, forty_four = start_points(lowered, 40, seed=7), start_points(lowered, 44, seed=7)
+    np.testing.assert_array_equal(forty_four[:40], forty)
+    np.testing.assert_array_equal(start_points(lowered, 4, seed=7, first=40), forty_four[40:])
+    np.testing.assert_array_equal(start_points(lowered, 1, seed=7, first=13)[0], forty[13])
+    assert not np.allclose(start_points(lowered, 4, seed=8), forty[:4])
+    with pytest.raises(ValueError, match="first=-1 must be non-negative"):
+        start_points(lowered, 2, seed=7, first=-1)
 
 
 def test_fit_rejects_bad_options():

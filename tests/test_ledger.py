@@ -264,6 +264,36 @@ def test_the_lock_admits_one_writer(tmp_path):
         pass
 
 
+def test_the_lock_file_is_removed_with_the_lock_and_a_lock_on_a_removed_file_is_taken_again(tmp_path, monkeypatch):
+    """The holder removes ``<ledger>.lock`` as it lets go (after a run as after Ctrl-C); a process
+    whose lock landed on a file removed meanwhile (its holder let go between this one's open and
+    its lock) opens the new file and locks that one."""
+    import fcntl
+
+    path = tmp_path / "ledger.json"
+    lock = tmp_path / "ledger.json.lock"
+    with ledger_lock(path):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+    assert not lock.exists()
+    with pytest.raises(KeyboardInterrupt), ledger_lock(path):
+        raise KeyboardInterrupt
+    assert not lock.exists()
+    # The first flock lands on a file that is then removed (as by a holder letting go): locked again.
+    real_flock, calls = fcntl.flock, []
+
+    def flock(fd, op):
+        real_flock(fd, op)
+        calls.append(fd)
+        if len(calls) == 1:
+            os.unlink(lock)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with ledger_lock(path):
+        assert len(calls) == 2 and lock.is_file()
+        assert os.path.samestat(os.fstat(calls[1]), os.stat(lock))
+    assert not lock.exists()
+
+
 def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
     path = tmp_path / "ledger.json"
     stale = tmp_path / ".ledger.json.999.abcd.tmp"

@@ -28,6 +28,10 @@ from ._gpus import visible_gpus
 from ._slurm_profile import SlurmProfile, read_slurm_profile
 
 WORKER_PRELOAD = "diffsoup.distributed._worker"
+# The embedded cluster's workers also ignore Ctrl-C: the command that started them handles it.
+QUIET_PRELOAD = "diffsoup.distributed._quiet_worker"
+# Dask's loggers, silenced while a cluster closes (lost connections, cancelled tasks: nothing to act on).
+DASK_LOGGERS = ("distributed", "tornado", "asyncio")
 
 
 class ClusterConnectionError(RuntimeError, ConnectionError):
@@ -154,14 +158,14 @@ def embedded_cluster(resources: Mapping[str, float] | None = None, *, n_workers:
     if gpus:
         platforms = os.environ.get("JAX_PLATFORMS", "cuda")
         workers = {f"gpu-{g}": {"cls": Nanny, "options": {
-            "nthreads": threads, "resources": resources, "host": "127.0.0.1", "preload": [WORKER_PRELOAD],
+            "nthreads": threads, "resources": resources, "host": "127.0.0.1", "preload": [WORKER_PRELOAD, QUIET_PRELOAD],
             "env": {**env, "CUDA_VISIBLE_DEVICES": g, "JAX_PLATFORMS": platforms}}} for g in gpus}  # fmt: skip
         scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
         cluster = SpecCluster(workers=workers, scheduler=scheduler, name="diffsoup-embedded")
     else:
         cluster = LocalCluster(n_workers=int(get("cluster.n-workers", n_workers)), threads_per_worker=threads,
                                processes=True, resources=resources or None, host="127.0.0.1",
-                               dashboard_address="127.0.0.1:0", env=env, preload=[WORKER_PRELOAD])  # fmt: skip
+                               dashboard_address="127.0.0.1:0", env=env, preload=[WORKER_PRELOAD, QUIET_PRELOAD])  # fmt: skip
     try:
         client = Client(cluster, set_as_default=False)
     except BaseException:
@@ -288,6 +292,24 @@ def cluster_client(*, scheduler: str | None = None, slurm: Any = None, n_workers
             closers += [client, cluster]
         yield client, dashboard_url(client)
     finally:
-        for thing in closers:
-            with contextlib.suppress(Exception):
-                thing.close()
+        with quiet_dask_logs():  # closed quietly, after a run as after Ctrl-C
+            for thing in closers:
+                with contextlib.suppress(Exception):
+                    thing.close()
+
+
+@contextlib.contextmanager
+def quiet_dask_logs() -> Iterator[None]:
+    """Silence Dask's loggers (:data:`DASK_LOGGERS`: lost connections, cancelled tasks) for the
+    duration, then give them their levels back."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in DASK_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

@@ -1,8 +1,9 @@
 """``ds.inference.multistart``: a multistart fit as a campaign, one ``checkpointed_map`` task per start.
 
-The start points are the Latin hypercube of ``fit`` (a function of ``(starts, seed)`` alone), so a
-rerun with the same ledger finds the same tasks (``start-0000``, ``start-0001``, ...), keeps the
-starts already finished and runs the others; the best start is then the fit
+The start points are those of ``fit`` (a scrambled Sobol' stream: start ``i`` depends on
+``(seed, i)`` alone, whatever the number of starts), so a rerun with the same ledger finds the same
+tasks (``start-0000``, ``start-0001``, ...), keeps the starts already finished and runs the others
+(a rerun with more starts keeps the first ones and runs the new ones); the best start is then the fit
 (``FitResult.from_starts``: standard errors from the Gauss-Newton Hessian there). The numerical part
 (``run_start``: one start, with the replacement of a start point that fails to solve) lives in
 ``diffsoup.inference``; this driver is re-exported there lazily, as ``checkpointed_map`` is.

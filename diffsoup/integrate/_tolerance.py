@@ -31,10 +31,12 @@ def checked_rtol(rtol: float, dtype, where: str) -> float:
     floor = rtol_floor(dtype)
     if rtol < floor:
         name = np.dtype(dtype).name
+        # Only a lower precision can be helped by a wider dtype; float64's floor is the last one.
+        advice = ("" if np.finfo(np.dtype(dtype)).bits >= 64 else " Use a float64 precision policy "
+                  "(ds.Precision.fp64() or fp32_factor()) for tighter tolerances.")  # fmt: skip
         warnings.warn(
             f"{where}: rtol={rtol:g} is below what {name} computations resolve (100 * eps = {floor:.2g}); "
-            f"using rtol={floor:.2g}. Use a float64 precision policy (ds.Precision.fp64() or fp32_factor()) "
-            "for tighter tolerances.",
+            f"using rtol={floor:.2g}.{advice}",
             ToleranceWarning,
             stacklevel=3,
         )

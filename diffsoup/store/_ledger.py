@@ -140,7 +140,9 @@ def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``<path>.lock`` while a campaign writes ``path``.
 
     The kernel drops the lock when the process dies (even by SIGKILL), so a rerun is never blocked
-    by a stale lock. Where the file system offers no locks, the campaign runs without one.
+    by a stale lock. The holder removes the file when it lets go (a finished or interrupted
+    campaign leaves no lock file); a process that locked a file removed meanwhile opens the new one
+    and locks again. Where the file system offers no locks, the campaign runs without one.
 
     Raises:
         LedgerLockedError: if another process holds the lock.
@@ -153,16 +155,18 @@ def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
         yield
         return
     lock_path = path.with_name(path.name + ".lock")
-    try:
-        handle = open(lock_path, "a+")
-    except OSError as exc:
-        raise unwritable(path, exc) from exc
-    try:
+    locked = False
+    while True:
+        try:
+            handle = open(lock_path, "a+")
+        except OSError as exc:
+            raise unwritable(path, exc) from exc
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
+            handle.close()
             raise LedgerLockedError(
                 f"ledger {path} is in use by another process ({holder}); a ledger has one writer. "
                 "Wait for that campaign to end, or give this one another ledger_path."
@@ -174,13 +178,27 @@ def ledger_lock(path: str | os.PathLike) -> Iterator[None]:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        else:
+            break
+        try:  # the file locked is still the one at lock_path (its last holder may have removed it)
+            locked = os.path.samestat(os.fstat(handle.fileno()), os.stat(lock_path))
+        except FileNotFoundError:
+            locked = False
+        if locked:
+            break
+        handle.close()
+    try:
+        if locked:
             handle.seek(0)
             handle.truncate()
             handle.write(f"pid {os.getpid()} on {os.uname().nodename} since {now_iso()}\n")
             handle.flush()
         yield
     finally:
+        if locked:  # removed while still held: no other process holds a lock on this file
+            try:
+                os.unlink(lock_path)
+            except OSError:
+                pass
         handle.close()
 
 

@@ -9,6 +9,7 @@ campaign task per parameter, intervals as TSV and JSON); and a study simulated a
 
 from ._ensemble_runs import simulate_samples as simulate_samples
 from ._study_campaign import campaign_study as campaign_study
+from ._study_campaign import check_campaign as check_campaign
 from ._study_profiles import profile_study as profile_study
 from ._study_runs import StudyFailedError as StudyFailedError
 from ._study_runs import fit_study as fit_study

@@ -4,7 +4,8 @@
 ``diffsoup.compile`` logger (records with ``extra["diffsoup_compile"] = (event, what, seconds)``).
 The command installs :class:`CompileProgress`, which prints a line when a compilation starts,
 one every ``interval`` seconds while it runs, and one when it ends, so that a first evaluation
-that compiles for a minute says what it is doing.
+that compiles for a minute says what it is doing. A fit on Dask forwards its workers' records here
+(``diffsoup.distributed._compile_forwarding``): their lines name the worker.
 """
 
 from __future__ import annotations
@@ -36,19 +37,23 @@ class CompileProgress(logging.Handler):
         if info is None:
             return
         event, what, seconds = info
+        # A record forwarded from a Dask worker names it (Client.forward_logging): several workers
+        # compile the same program at once, each announced and ended on its own.
+        worker = getattr(record, "worker", None)
+        label = f"{what} on worker {worker}" if worker else what
         if event == "start":
-            self._emit_line(f"compiling the {what} ...")
+            self._emit_line(f"compiling the {label} ...")
             done = threading.Event()
             with self._lock:
-                self._running[what] = done
+                self._running[label] = done
             started = time.perf_counter()
-            threading.Thread(target=self._tick, args=(what, started, done), daemon=True).start()
+            threading.Thread(target=self._tick, args=(label, started, done), daemon=True).start()
         else:
             with self._lock:
-                done = self._running.pop(what, None)
+                done = self._running.pop(label, None)
             if done is not None:
                 done.set()
-            self._emit_line(f"compiled the {what} in {seconds:.1f} s")
+            self._emit_line(f"compiled the {label} in {seconds:.1f} s")
 
     def stop(self) -> None:
         """End every ticker (compilations still running print nothing more)."""

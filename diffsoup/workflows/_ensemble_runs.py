@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ._output_folder import check_output_folder
+
 SUMMARY_FORMAT = "diffsoup.summary/1"
 SAMPLERS = ("lhs", "sobol")
 
@@ -55,7 +57,7 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
     if sampler not in SAMPLERS:
         raise ValueError(f"simulate: sampler={sampler!r} must be one of {SAMPLERS}.")
     sf = _study_file(study)
-    out = Path(out)
+    out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     draws = sample(sf.study, samples, method=sampler, seed=seed)
     if client is not None and not client.scheduler_info(n_workers=-1)["workers"]:

@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ._campaign_settings import SETTINGS_FILE, campaign_settings, check_campaign_settings, write_campaign_settings
+from ._output_folder import check_output_folder
 from ._study_runs import (
     StudyLowering,
     _describe,
@@ -98,6 +100,24 @@ def read_old_start_ids(ledger_path: Path, items: Sequence[Mapping[str, Any]], di
     return backup
 
 
+def check_campaign(study: Any, out: Any, *, starts: int | None = None, seed: int | None = None,
+                   method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
+                   hierarchical: bool | Sequence[str] | None = None) -> None:  # fmt: skip
+    """What ``campaign_study`` with these arguments checks before any work: the output folder can be
+    written, and a campaign already in it ran with the same settings (a rerun resumes it). The
+    ``diffsoup campaign`` command calls it before its cluster starts.
+
+    Raises:
+        OutputFolderError: for an output folder that cannot be written.
+        diffsoup.store.LedgerConflictError: for a campaign in ``out`` with other settings, naming
+            each change (:func:`~._campaign_settings.check_campaign_settings`).
+    """
+    sf = _study_file(study)
+    out = check_output_folder(out)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
+    check_campaign_settings(out, campaign_settings(settings, study_digest(sf)), LEDGER)
+
+
 def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | None = None, seed: int | None = None,
                    method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
                    hierarchical: bool | Sequence[str] | None = None, resume: bool = True,
@@ -114,7 +134,9 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         out: the output directory (holds the ledger).
         client: a ``distributed.Client``, or None to run the starts here one after another.
         starts, seed, method, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings (as for
-            :func:`fit_study`); the start points are Latin hypercube samples fixed by ``seed``.
+            :func:`fit_study`); the start points are the scrambled Sobol' sequence of ``seed``
+            (point ``i`` the same for any count: a rerun with more starts keeps the finished ones
+            and runs the new ones).
             A start point that fails to solve is not replaced (the start fails).
         resume, on_conflict: as for ``checkpointed_map``.
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
@@ -134,12 +156,16 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..inference import FitResult, window_solves
 
     sf = _study_file(study)
-    out = Path(out)
+    out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
 
     solves_before = window_solves()
     digest = study_digest(sf)
+    now = campaign_settings(settings, digest)
+    ledger = out / LEDGER
+    if resume and on_conflict == "error":  # before the study is lowered: a changed setting is named
+        check_campaign_settings(out, now, LEDGER)
     # The study file is lowered here through the process's cache (compiling nothing yet): it gives
     # the start points, and after the campaign the Gauss-Newton Hessian of the best start; tasks
     # run here share it. Named parameters that do not qualify for analytic optimization fail
@@ -151,7 +177,6 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
                        hierarchical=settings["hierarchical"],
                        tags={"study_digest": digest, "hierarchical": settings["hierarchical"]})  # fmt: skip
     lowered, items = plan.lowered, plan.items
-    ledger = out / LEDGER
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     if resume:
@@ -161,7 +186,14 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     options: dict[str, Any] = dict(resume=resume, on_conflict=on_conflict, progress=progress)
     if client is not None:
         options.update(execution="dask", client=client, no_worker_timeout=no_worker_timeout)
+    # The settings go beside the ledger before the starts run (a run stopped by Ctrl-C has them);
+    # beside a ledger of an earlier diffsoup, only once its fingerprints have agreed.
+    checked = not ledger.is_file() or not resume or on_conflict != "error" or (out / SETTINGS_FILE).is_file()
+    if checked:
+        write_campaign_settings(out, now)
     campaign = run_starts(plan, ledger, **options)
+    if not checked:
+        write_campaign_settings(out, now)
     seconds = time.perf_counter() - t0
     done = [r for r in campaign.records if r.state == "accepted"]
     # Accepted by an earlier run: finished before this one began.

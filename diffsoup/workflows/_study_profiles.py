@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ._output_folder import check_output_folder
 from ._study_runs import SUMMARY_FORMAT, StudyLowering, _describe, _relative, _study_file, study_digest
 
 LEDGER = "profile-ledger.json"
@@ -138,7 +139,7 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
     from ..store import write_summary, write_text_durably
 
     sf = _study_file(study)
-    out = Path(out)
+    out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     lowered = sf.lower()  # compiles nothing until evaluated
     names = tuple(lowered.problem.theta_names)

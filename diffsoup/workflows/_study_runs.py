@@ -26,6 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ._output_folder import check_output_folder
+
 SUMMARY_FORMAT = "diffsoup.summary/1"
 CURVE_POINTS = 120
 
@@ -151,6 +153,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
     if result.analytic:
         log(f"[diffsoup] optimized analytically at each evaluation: {', '.join(result.analytic)}")
     log(f"[diffsoup] writing results to {out} ...")
+    out.mkdir(parents=True, exist_ok=True)
     predictions = prob.predict(result.theta, points=CURVE_POINTS)
     store = write_fit(result, out / "results.zarr", lowered, overwrite=True, observables=sf.observables,
                       predictions=predictions)  # fmt: skip
@@ -225,8 +228,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     from ..inference import fit
 
     sf = _study_file(study)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_folder(out)  # created when the results are written: a stopped fit leaves no empty folder
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
         f"{sum(p.estimate for p in sf.study.parameters)} estimated parameters, {settings['starts']} starts "
@@ -242,7 +244,9 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
     from ..distributed import run
     from ..distributed._dashboard import dashboard_line
+    from ..distributed._compile_forwarding import forward_compile_progress
 
+    forward_compile_progress(client)  # the workers' compilations are shown while the bar waits for them
     with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
         if getattr(lowered, "dashboard", None):
             log(f"[diffsoup] {dashboard_line(lowered.client)}")  # the Dask dashboard and diffsoup's page
@@ -333,8 +337,7 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
     from ..store import write_simulation, write_summary
 
     sf = _study_file(study)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_folder(out)  # created when the results are written
     values: dict[str, float] = {}
     if from_fit is not None:
         values.update(_fit_parameters(from_fit))
@@ -348,6 +351,7 @@ def simulate_study(study: Any, out: Any, *, parameters: Mapping[str, float] | No
     t0 = time.perf_counter()
     predictions = problem.predict(problem.nominal, points=CURVE_POINTS)
     seconds = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
     used = {e.name: float(v) for e, v in zip(sf.study.entries, problem.values)}
     store = write_simulation(out / "simulation.zarr", sf.study, predictions, used, observables=sf.observables,
                              overwrite=True)  # fmt: skip

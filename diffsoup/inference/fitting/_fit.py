@@ -11,10 +11,9 @@ Methods (``fit(method=...)``: a name, or an optimizer object with its options):
   on the value and its exact gradient;
 - ``"batched"`` (:class:`~diffsoup.inference.BatchedTrustRegion`): many starts advanced together as
   the lanes of one program per iteration (trust region reflective least squares), the best distinct
-  end points then finished by fides (:mod:`diffsoup.inference.fitting._batched_fit`); its starts are the
-  scrambled Sobol' sequence (a stream: start ``i`` does not depend on their number).
+  end points then finished by fides (:mod:`diffsoup.inference.fitting._batched_fit`).
 
-Starts are Latin hypercube samples within the bounds in the parameters' scaled coordinates
+Starts are the points of a scrambled Sobol' sequence within the bounds in the parameters' scaled coordinates
 (:mod:`diffsoup.inference.fitting._starts`). A failed solve during a fit (an experiment whose
 ``ds.simulate`` status is not success) is recorded (experiment id, status) in the start's
 ``failures``; at a trial point it makes the optimizer step back (NaN, see
@@ -43,7 +42,7 @@ from ._results import FitResult as FitResult
 from ._results import StartResult as StartResult
 from ._run_start import run_start as run_start
 from ..objective._problem import InferenceProblem
-from ._starts import replacement_point, sobol_points, start_points
+from ._starts import replacement_point, start_points
 from ..study._study import Study
 
 METHODS = ("fides", "trf", "lbfgsb", "batched")
@@ -107,11 +106,12 @@ def fit(
             and gradient) or ``"batched"`` (the starts as lanes of one program, then fides on the
             best distinct ends); or an optimizer object, e.g. ``ds.inference.Fides(hessian="bfgs")``
             or ``ds.inference.BatchedTrustRegion(lanes=32)``.
-        starts: number of Latin hypercube starts within the bounds (``"batched"``: scrambled Sobol' points), or an array ``(s, n_theta)``
+        starts: number of starts, the first points of the scrambled Sobol' sequence within the
+            bounds (:func:`~diffsoup.inference.fitting._starts.start_points`), or an array ``(s, n_theta)``
             of start points (scaled). Window starts of multiple-shooting experiments (and any
             other coordinate without finite bounds) are not sampled: every start takes their
             prepared values (``low.nominal``); an array ``(s, n_parameters)`` is completed with them.
-        seed: seed of the Latin hypercube (and of the replacements of failed start points).
+        seed: seed of the Sobol' sequence (and of the replacements of failed start points).
         x0: an extra first start: theta (scaled; the parameters alone are completed with the prepared
             window starts) or a mapping of linear values by name.
         max_nfev: most evaluations per start (None: the method's default; fides 1000 iterations).
@@ -162,7 +162,7 @@ def fit(
     if drawn:
         if starts < 0 or (starts == 0 and x0 is None):
             raise ValueError(f"fit: starts={starts!r} must be a positive count (or give x0).")
-        points = (sobol_points if batched else start_points)(low, int(starts), seed)
+        points = start_points(low, int(starts), seed)
     else:
         points = np.atleast_2d(np.asarray(starts, dtype=np.float64))
         if points.shape[1:] == (n_par,) and n_par < k:

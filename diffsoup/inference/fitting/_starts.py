@@ -1,17 +1,20 @@
-"""Start points of a multistart fit: a Latin hypercube on the parameters' scales within the bounds
-(``fit(method="batched")``: the scrambled Sobol' sequence, a stream whose first points do not depend
-on how many are drawn).
+"""Start points of a multistart fit: a scrambled Sobol' sequence on the parameters' scales within the bounds.
 
 Every estimated parameter is sampled in the optimizer's coordinates (``log10 k`` for a
-``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts), one
-point per stratum of each coordinate: the unit-cube points of the public sampler
-``ds.inference.latin_hypercube``
-(:func:`~diffsoup.inference.fitting._samplers.latin_hypercube_unit`, ``scipy.stats.qmc``) mapped
-linearly onto the scaled bounds. They are that sampler's draws from a box of the scaled bounds on
-the linear scale (tested bit for bit); the map is done here because a ``ParameterBox`` refuses a
-parameter estimated with ``lower == upper``, which a study allows. The points are a function of
-``(n, seed)`` alone, so a campaign that reruns with the same settings finds the same starts (its
-ledger items fingerprint them) and resumes.
+``log10``-scaled parameter, so a box of 1e-5..1e5 gives each decade the same share of starts): the
+rows of the scrambled Sobol' sequence that ``seed`` fixes
+(:func:`~diffsoup.inference.fitting._samplers.sobol_unit`, ``scipy.stats.qmc``, the sequence of the
+public sampler ``ds.inference.sobol``) mapped linearly onto the scaled bounds. The map is done here
+because a ``ParameterBox`` refuses a parameter estimated with ``lower == upper``, which a study allows.
+
+Why a sequence and not a Latin hypercube: point ``i`` is the same whatever the number of starts
+(the first ``n`` points of ``n + k`` starts are the ``n`` points of ``n`` starts), so a campaign of
+40 starts grown to 44 finds its 40 finished starts unchanged in its ledger and runs the 4 new ones,
+and a batched optimizer refilling its lanes asks :func:`start_points` for the next points of the
+same stream (``first=``). A Latin hypercube of ``n`` points moves every point when ``n`` changes.
+Sobol' points are best balanced in counts that are powers of 2 (8, 16, 32 starts); other counts are
+a prefix of the sequence, still low-discrepancy, and prefix stability matters more here. The
+scrambling makes the first point a uniform draw in the box rather than its corner or centre.
 
 A start point at which a solve fails (the model blows up, a steady state is not reached) is
 replaced, when ``fit`` draws the starts itself, by :func:`replacement_point`: a uniform draw on
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
-from ._samplers import latin_hypercube_unit, sobol_unit
+from ._samplers import sobol_unit
 
 
 def _sampled(lowered: AbstractLoweredStudy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -33,38 +36,24 @@ def _sampled(lowered: AbstractLoweredStudy) -> tuple[np.ndarray, np.ndarray, np.
     return lo, hi, np.isfinite(lo) & np.isfinite(hi)
 
 
-def start_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray:
-    """``n`` start points ``(n, n_theta)`` (scaled) of a multistart: Latin hypercube samples of the
-    coordinates with finite bounds, the prepared values (``lowered.nominal``) for the others.
+def start_points(lowered: AbstractLoweredStudy, n: int, seed: int, first: int = 0) -> np.ndarray:
+    """Start points ``first .. first + n - 1`` ``(n, n_theta)`` (scaled) of a multistart's stream:
+    the scrambled Sobol' sequence of ``seed`` on the coordinates with finite bounds, the prepared
+    values (``lowered.nominal``) for the others. Point ``i`` depends on ``(seed, i)`` alone:
+    ``start_points(lowered, n, seed)[i] == start_points(lowered, 1, seed, first=i)[0]`` for any
+    ``n > i``.
 
     Raises:
-        ValueError: for a negative ``n``.
+        ValueError: for a negative ``n`` or ``first``.
     """
     if int(n) < 0:
         raise ValueError(f"start_points: n={n!r} must be non-negative.")
+    if int(first) < 0:
+        raise ValueError(f"start_points: first={first!r} must be non-negative (the index of the first point).")
     lo, hi, sampled = _sampled(lowered)
     points = np.repeat(np.asarray(lowered.nominal, float)[None], int(n), axis=0)
     if n and np.any(sampled):
-        unit = latin_hypercube_unit(int(n), int(np.sum(sampled)), seed)
-        points[:, sampled] = lo[sampled] + unit * (hi[sampled] - lo[sampled])
-    return points
-
-
-def sobol_points(lowered: AbstractLoweredStudy, n: int, seed: int) -> np.ndarray:
-    """The first ``n`` points ``(n, n_theta)`` of the scrambled Sobol' sequence of ``seed`` on the
-    parameters' scales within the bounds (the prepared values where a bound is infinite): a stream,
-    so point ``i`` is the same whatever ``n`` (``fit(method="batched")``'s starts: a lane that
-    finishes takes the next).
-
-    Raises:
-        ValueError: for a negative ``n``.
-    """
-    if int(n) < 0:
-        raise ValueError(f"sobol_points: n={n!r} must be non-negative.")
-    lo, hi, sampled = _sampled(lowered)
-    points = np.repeat(np.asarray(lowered.nominal, float)[None], int(n), axis=0)
-    if n and np.any(sampled):
-        unit = sobol_unit(0, int(n), int(np.sum(sampled)), seed)
+        unit = sobol_unit(int(first), int(n), int(np.sum(sampled)), int(seed))
         points[:, sampled] = lo[sampled] + unit * (hi[sampled] - lo[sampled])
     return points
 
