@@ -6,6 +6,7 @@ compiling anything."""
 
 import warnings
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -63,6 +64,8 @@ def test_functions_capturing_different_constants_stay_apart():
 
     assert function_key(times(np.array([1.0, 2.0]))) == function_key(times(np.array([1.0, 2.0])))
     assert function_key(times(np.array([1.0, -0.0]))) != function_key(times(np.array([1.0, 0.0])))
+    assert function_key(times(jnp.ones(2))) == function_key(times(jnp.ones(2)))
+    assert function_key(times(jnp.ones(2))) != function_key(times(jnp.zeros(2)))
     assert function_key(times([1.0])) != function_key(times([1.0]))  # a list: by identity
 
 

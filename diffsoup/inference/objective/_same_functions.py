@@ -4,7 +4,7 @@ Experiments are grouped by what their compiled term depends on, functions includ
 compares by identity, so 64 experiments each given their own ``lambda y, p: ...`` (written in a
 loop) would make 64 groups, 64 programs per mode. :class:`SameFunctions` maps each function to
 the first one met that is equivalent to it: the same code object, the same globals, and equal
-defaults and closure contents (numbers, strings and arrays by value, tuples item by item,
+defaults and closure contents (numbers, strings, NumPy and concrete JAX arrays by value, tuples item by item,
 functions recursively, anything else by identity). Lambdas that capture different values (a loop
 variable bound as a default ``i=i``) stay apart.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import types
 
+import jax
 import numpy as np
 
 # The most groups (programs per mode) a lowering compiles by default: past it ``ds.lower`` refuses
@@ -36,6 +37,8 @@ def _value_key(v, depth: int):
         return (type(v), v)
     if isinstance(v, float):
         return (float, repr(v))  # -0.0 apart from 0.0, nan equal to nan
+    if isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer):
+        v = np.asarray(v)  # a concrete JAX array: by value, as a NumPy one
     if isinstance(v, (np.ndarray, np.generic)) and v.dtype != object:
         a = np.asarray(v)
         return (type(v), a.dtype.str, a.shape, a.tobytes())
