@@ -27,6 +27,7 @@ from .objective._lower import lower as lower
 from .study._multishoot import Multishoot as Multishoot
 from .study._parameter_table import parameter_table as parameter_table
 from .study._parameter_table import write_parameter_table as write_parameter_table
+from .objective._same_functions import ProgramGroupsWarning as ProgramGroupsWarning
 from .objective._parts import AbstractPart as AbstractPart
 from .objective._parts import GaussNewtonPart as GaussNewtonPart
 from .objective._parts import GradientPart as GradientPart

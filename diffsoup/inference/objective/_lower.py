@@ -98,6 +98,7 @@ from ._parts import (
     ResidualsPart,
     ValuePart,
 )
+from ._same_functions import DEFAULT_MAX_PROGRAM_GROUPS, check_program_groups
 from ._problem import InferenceProblem, LaneTerms, SolverOptions
 from ..study._study import Study
 from ._terms import member_array
@@ -969,6 +970,7 @@ def lower(
     gradient: str = "auto",
     lane_mode: str = "auto",
     chunk_size: int | None = None,
+    max_program_groups: int = DEFAULT_MAX_PROGRAM_GROUPS,
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -1000,12 +1002,17 @@ def lower(
             cost more (``SEQUENTIAL_COST``; the second program compiles when first
             needed, or with ``.compile()``). The same numbers either way, to rounding.
         chunk_size: the deprecated name of ``experiments_per_chunk`` (warns).
+        max_program_groups: the most groups of experiments (each compiles its own program per
+            mode) the lowering accepts; past it ``lower`` raises before compiling anything.
+            Experiments given equivalent functions (the same code with the same constants) share a
+            group.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
 
     Raises:
-        ValueError, TypeError: for bad options, or problem options given with an InferenceProblem.
+        ValueError, TypeError: for bad options, problem options given with an InferenceProblem, or
+            more groups than ``max_program_groups``.
     """
     if isinstance(study, InferenceProblem):
         given = [n for n, v in (("objective", objective), ("parameters", parameters), ("values", values),
@@ -1018,6 +1025,7 @@ def lower(
                                    solver=solver or SolverOptions())  # fmt: skip
     else:
         raise TypeError(f"lower: study must be a ds.Study or ds.inference.InferenceProblem, not {type(study).__name__}.")
+    check_program_groups(problem, max_program_groups)
     experiments_per_chunk = renamed_keyword("lower", "chunk_size", chunk_size, "experiments_per_chunk",
                                             experiments_per_chunk)  # fmt: skip
     return LoweredStudy(problem, layout=layout, hessian=hessian, experiments_per_chunk=experiments_per_chunk,

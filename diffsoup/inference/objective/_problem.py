@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector
     full_vector,
     member_array,
 )
+from ._same_functions import WARN_FUNCTION_GROUPS, ProgramGroupsWarning, SameFunctions, describe, erased
 from ..shooting._window_cache import WindowCache, window_cache
 from ..shooting._windows import window_starts
 
@@ -307,26 +309,31 @@ class InferenceProblem:
         return full_vector(self.estimated, self._scales, self.values, theta)
 
     # -- packing --------------------------------------------------------------------------------
-    def _signature(self, e, r) -> tuple:
-        """What makes experiments share a group (a compiled term): everything but numbers."""
+    def _signature(self, e, r, same) -> tuple:
+        """What makes experiments share a group (a compiled term): everything but numbers.
+
+        ``same(f, kind)`` stands for each function: its representative among the equivalent ones
+        (:class:`SameFunctions`), or ``erased`` (what the groups would be with shared functions)."""
         if r["sigma_entry"] >= 0:
             sigma = SIGMA_ENTRY
         elif np.any(r["sigma_entries"] >= 0):
             sigma = SIGMA_CELLS
         else:
             sigma = SIGMA_FIXED
-        functions = tuple(e.sigma_functions) if any(f is not None for f in e.sigma_functions) else ()
+        functions = tuple(same(f, "sigma") for f in e.sigma_functions) if any(f is not None for f in e.sigma_functions) else ()
         pre = None
         if e.preequilibration is not None:
             pr = r["pre"]
-            pre = Preequilibrated(pr["y0_function"], bool(np.any(pr["y0_entry"] >= 0)),
+            pre = Preequilibrated(same(pr["y0_function"], "preequilibration y0"), bool(np.any(pr["y0_entry"] >= 0)),
                                   _steady_state(e.preequilibration.steady_state))  # fmt: skip
         return (
-            id(e.observables) if e.observables is not None else None, e.observables_take_time,
+            same(e.observables, "observable"), e.observables_take_time,
             tuple(name for name, _ in r["observable_plan"]), tuple(c.kind for c in e.noise_columns), sigma,
-            functions, r["k"], trajectory_signature(e.trajectory), r["y0_function"],
-            bool(np.any(r["y0_entry"] >= 0)), pre, tuple((x.time if callable(x.time) else None, x.apply) for x in e.resets),
-            e.discontinuities if callable(e.discontinuities) else bool(e.discontinuities),
+            functions, r["k"], trajectory_signature(e.trajectory), same(r["y0_function"], "y0"),
+            bool(np.any(r["y0_entry"] >= 0)), pre,
+            tuple((same(x.time, "reset time") if callable(x.time) else None, same(x.apply, "reset"))
+                  for x in e.resets),
+            same(e.discontinuities, "discontinuities") if callable(e.discontinuities) else bool(e.discontinuities),
             _steady_state(e.steady_state) if e.n_steady_times else None,
         )  # fmt: skip
 
@@ -334,20 +341,30 @@ class InferenceProblem:
         study = self.study
         if study.arrays is not None:
             return (self._array_group(),)
-        keys: dict = {}
+        keys, same = {}, SameFunctions()
         for i, e in enumerate(study.experiments):
-            keys.setdefault(self._signature(e, study.resolved[e.id]), []).append(i)
+            keys.setdefault(self._signature(e, study.resolved[e.id], same), []).append(i)
+            same.experiment_done()
+        self.differing_functions = differing = same.differing()  # kind -> (experiments, distinct functions)
+        if differing and len(keys) > WARN_FUNCTION_GROUPS:
+            shared = {self._signature(e, study.resolved[e.id], erased) for e in study.experiments}
+            if len(keys) > len(shared):
+                warnings.warn(
+                    f"{describe(differing)}: each group compiles its own program ({len(keys)} groups, "
+                    f"{len(shared)} with shared functions); define the function once.",
+                    ProgramGroupsWarning, stacklevel=3,
+                )  # fmt: skip
         out = []
         n = study.problem.n_states
         for key, members in keys.items():
-            (_, take_time, op_names, noise, sigma, functions, k, (windows,), y0_function, y0_entries, pre, resets,
-             discs, steady) = key  # fmt: skip
+            (observables, take_time, op_names, noise, sigma, functions, k, (windows,), y0_function, y0_entries, pre,
+             resets, discs, steady) = key  # fmt: skip
             exps = [study.experiments[i] for i in members]
             points = max(window_layout(e, e.trajectory)[3].shape[1] for e in exps) if windows else 0
             if discs is True:  # numbers: padded with +inf (none) to the group's most
                 discs = max(len(e.discontinuities) for e in exps)
             out.append(Group(
-                exps[0].observables, noise, sigma, k, max(e.times.shape[0] for e in exps), tuple(members), windows,
+                observables, noise, sigma, k, max(e.times.shape[0] for e in exps), tuple(members), windows,
                 points, n if windows else 0, observables_take_time=take_time, observable_parameters=op_names,
                 sigma_functions=functions, y0_function=y0_function, y0_entries=y0_entries, preequilibration=pre,
                 resets=resets, discontinuities=discs, steady_state=steady,
