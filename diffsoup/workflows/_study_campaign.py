@@ -122,7 +122,8 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
                    method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
                    hierarchical: bool | Sequence[str] | None = None, resume: bool = True,
                    on_conflict: str = "error", progress: bool = True, plots: bool = True,
-                   log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
+                   log: Callable = print, no_worker_timeout: float | None = None,
+                   at_best_tolerance: float | None = None) -> dict:  # fmt: skip
     """A multistart campaign on a study file: each start is a task of ``ds.inference.multistart``'s
     campaign (a Dask task on a worker offering ``GPU=1`` when ``client`` is given, else run here),
     recorded in the ledger ``<out>/campaign.json``, so a rerun -- after a crash, a cancelled
@@ -142,6 +143,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
             reads the setting ``diffsoup.campaign.no-worker-timeout`` (60 s); ``math.inf`` waits
             for ever (as when workers come from a batch queue).
+        at_best_tolerance: starts within this of the best objective count as at the best (1e-3).
 
     Returns:
         The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
@@ -227,4 +229,5 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         },
         **_fit_entries(settings),
     }  # fmt: skip
-    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
+    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra,
+                       at_best_tolerance=at_best_tolerance)

@@ -30,6 +30,8 @@ class StartResult:
         seconds: wall time.
         failures: ``(experiment id, status name, count)`` of failed solves met during the start.
         resampled: how many drawn start points failed to solve and were replaced.
+        stalled: the optimizer never moved from ``x0`` and ended far from the best start
+            (:meth:`FitResult.from_starts` marks it; ``success`` is then False).
     """
 
     x0: np.ndarray
@@ -42,6 +44,30 @@ class StartResult:
     seconds: float
     failures: tuple
     resampled: int = 0
+    stalled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the start ended at a finite objective after moving (not failed, not stalled)."""
+        return bool(np.isfinite(self.objective)) and not self.stalled
+
+
+def _mark_stalled(starts: tuple, best: float, fixed: np.ndarray) -> tuple:
+    """``starts`` with those that never moved (their optimized coordinates, outside ``fixed``,
+    equal to the start point's to 1e-12) and ended more than :data:`CONVERGED` above ``best``
+    marked failed (``stalled``): an optimizer that could not leave a penalized or flat start
+    point has not finished, however finite its objective."""
+    marked = []
+    for r in starts:
+        x0, x = np.asarray(r.x0, dtype=np.float64), np.asarray(r.x, dtype=np.float64)
+        keep = (~fixed if fixed.size == x.size else np.ones(x.size, dtype=bool)) if x.shape == x0.shape else None
+        still = keep is not None and np.allclose(x[keep], x0[keep], rtol=0.0, atol=1e-12)
+        if still and np.isfinite(r.objective) and r.objective > best + CONVERGED and not r.stalled:
+            r = dataclasses.replace(r, success=False, stalled=True,
+                                    message=f"never moved from its start point (objective {r.objective:.6g}, "
+                                            f"the best start's {best:.6g}); was: {r.message}")  # fmt: skip
+        marked.append(r)
+    return tuple(marked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +145,8 @@ class FitResult:
             reasons = "; ".join(r.message for r in starts[:3])
             raise RuntimeError(f"fit: every start failed ({reasons}).")
         best = min(finite, key=lambda i: starts[i].objective)
+        analytic_mask = np.isin(np.asarray(prob.theta_names, dtype=object), list(analytic))
+        starts = _mark_stalled(starts, starts[best].objective, analytic_mask)
         theta = np.asarray(starts[best].x, dtype=np.float64)
         _, _, H = lowered.gauss_newton(theta)
         cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)
