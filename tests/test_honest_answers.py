@@ -19,7 +19,6 @@ from diffsoup import cli
 from diffsoup.inference.fitting._optimizers import AbstractOptimizer, Outcome, StartObjective
 from diffsoup.inference.fitting._results import FitResult, StartResult
 from diffsoup.inference.fitting._run_start import run_start
-from diffsoup.workflows._honest_answers import honest_entries
 
 
 def _lowered(**kw):
@@ -75,6 +74,8 @@ def _fit_with_objectives(values, tmp_objective=None):
 
 def test_starts_at_the_best_are_counted_within_1e_3_or_the_tolerance_given(tmp_path):
     """Three end points 0.02 apart are three optima, not one (the old count used 0.1)."""
+    from diffsoup.workflows._honest_answers import honest_entries
+
     lowered, result = _fit_with_objectives([10.0, 10.02, 10.04])
     assert honest_entries(lowered, result)["starts"]["at_best"] == 1
     assert honest_entries(lowered, result, 0.05)["starts"]["at_best"] == 3
@@ -90,6 +91,8 @@ def test_starts_at_the_best_are_counted_within_1e_3_or_the_tolerance_given(tmp_p
 def test_a_start_that_never_moved_is_failed_not_finished():
     """A start whose end point is its start point, 4e16 above the best, failed; one that never
     became finite failed; the summary counts neither as finished."""
+    from diffsoup.workflows._honest_answers import honest_entries
+
     lowered = _lowered()
     x = np.log10([2.0, 0.5])
     starts = [StartResult(x + 0.1, x, 5.0, True, "ok", 3, 2, 0.0, ()),
