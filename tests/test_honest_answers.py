@@ -144,3 +144,16 @@ def test_no_stored_end_point_holds_a_nan(monkeypatch):
         assert np.all(np.isfinite(s.x)), s.x
         assert s.x[-1] == s.x0[-1] and "were not found at the end point" in s.message and not s.success
     assert np.all(np.isfinite(result.theta))
+
+
+def test_from_starts_replaces_a_nan_end_point_and_fails_that_start():
+    """A start recorded elsewhere (a batched fit, a campaign's ledger) with a NaN in its end point:
+    the stored point takes the start point's value there, and the start is failed."""
+    lowered = _lowered()
+    x = np.log10([2.0, 0.5])
+    starts = [StartResult(x + 0.1, x, 5.0, True, "ok", 3, 2, 0.0, ()),
+              StartResult(x + 0.2, np.array([math.nan, x[1]]), 1.0, True, "ok", 3, 2, 0.0, ())]
+    result = FitResult.from_starts(lowered, starts, method="trf", seconds=0.0)
+    bad = result.starts[1]
+    assert np.all(np.isfinite(bad.x)) and bad.x[0] == x[0] + 0.2 and not bad.success and bad.objective == math.inf
+    assert "non-finite end point" in bad.message and result.best == 0

@@ -4,6 +4,7 @@ fit: the best start, every start, the distinct optima a batched fit found)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -50,6 +51,23 @@ class StartResult:
     def finished(self) -> bool:
         """Whether the start ended at a finite objective after moving (not failed, not stalled)."""
         return bool(np.isfinite(self.objective)) and not self.stalled
+
+
+def _finite_end_points(starts: tuple) -> tuple:
+    """``starts`` with no NaN in a stored end point: a non-finite coordinate of ``x`` takes the
+    start point's value, and the start is failed (objective ``inf``: its value belongs to no stored
+    point), its message saying so."""
+    kept = []
+    for r in starts:
+        x = np.asarray(r.x, dtype=np.float64)
+        bad = ~np.isfinite(x)
+        if bad.any() and np.shape(r.x0) == x.shape:
+            r = dataclasses.replace(r, x=np.where(bad, np.asarray(r.x0, dtype=np.float64), x), success=False,
+                                    objective=math.inf,
+                                    message=f"{r.message} (non-finite end point: the start point's values kept "
+                                            f"in {int(bad.sum())} coordinates)")  # fmt: skip
+        kept.append(r)
+    return tuple(kept)
 
 
 def _mark_stalled(starts: tuple, best: float, fixed: np.ndarray) -> tuple:
@@ -138,7 +156,7 @@ class FitResult:
         Raises:
             RuntimeError: if every start failed.
         """
-        starts = tuple(starts)
+        starts = _finite_end_points(tuple(starts))
         prob = lowered.problem
         finite = [i for i, r in enumerate(starts) if np.isfinite(r.objective)]
         if not finite:
