@@ -290,16 +290,6 @@ def _no_worker_timeout(args) -> float | None:
     return math.inf if args.slurm is not None else None
 
 
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0, e.g. 1e-3")
-    return value
-
-
 def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("study", type=Path, help=STUDY_HELP)
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
@@ -314,7 +304,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the start points (a scrambled Sobol' sequence)")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
-    p.add_argument("--at-best-tolerance", type=_tolerance, default=1e-3, metavar="TOL",
+    p.add_argument("--at-best-tolerance", type=float, default=1e-3, metavar="TOL",
                    help="starts within TOL of the best objective count as at the best (default 1e-3)")  # fmt: skip
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_where_options(p)

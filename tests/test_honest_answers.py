@@ -84,8 +84,11 @@ def test_starts_at_the_best_are_counted_within_1e_3_or_the_tolerance_given(tmp_p
     assert entries["starts"]["at_best"] == 2 and entries["starts"]["at_best_tolerance"] == 1e-3
     with pytest.raises(ValueError, match="at_best_tolerance"):
         honest_entries(lowered, result, -1.0)
-    with pytest.raises(SystemExit):
-        cli.main(["fit", "study.toml", "--at-best-tolerance", "-1"])
+
+def test_a_negative_at_best_tolerance_is_refused_before_any_work(tmp_path, capsys):
+    study = write_decay_study(tmp_path)
+    assert cli.main(["fit", str(study), "-o", str(tmp_path / "fit"), "--in-process", "--at-best-tolerance", "-1"]) != 0
+    assert "--at-best-tolerance" in capsys.readouterr().err and not (tmp_path / "fit").exists()
 
 
 def test_a_start_that_never_moved_is_failed_not_finished():

@@ -13,6 +13,21 @@ import numpy as np
 AT_BOUND = 1e-3
 
 
+def check_tolerance(at_best_tolerance: float | None) -> float:
+    """The tolerance of "at the best" (None: 1e-3, :data:`ds.inference` 's CONVERGED).
+
+    Raises:
+        ValueError: naming ``at_best_tolerance``, for a value that is not a finite number >= 0.
+    """
+    from ..inference.fitting._results import CONVERGED
+
+    tolerance = CONVERGED if at_best_tolerance is None else float(at_best_tolerance)
+    if not (np.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"at_best_tolerance={at_best_tolerance!r} (--at-best-tolerance) must be a finite number "
+                         ">= 0, e.g. 1e-3.")  # fmt: skip
+    return tolerance
+
+
 def _nominal_objective(lowered: Any) -> float | None:
     """The objective at the problem's nominal values (PEtab's nominalValue; a study file's values),
     None where the problem has none or the value is not finite."""
@@ -53,11 +68,7 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     (within ``at_best_tolerance``, default 1e-3, of the best objective); the tolerance, the best
     start's index and message.
     """
-    from ..inference.fitting._results import CONVERGED
-
-    tolerance = CONVERGED if at_best_tolerance is None else float(at_best_tolerance)
-    if not (np.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"at_best_tolerance={at_best_tolerance!r} must be a finite number >= 0 (default 1e-3).")
+    tolerance = check_tolerance(at_best_tolerance)
     finished = sum(bool(getattr(s, "finished", np.isfinite(s.objective))) for s in result.starts)
     at_best = int(np.sum(result.converged(tolerance)))
     starts = {"total": len(result.starts), "finished": int(finished), "failed": len(result.starts) - int(finished),

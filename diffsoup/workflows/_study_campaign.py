@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ._campaign_settings import SETTINGS_FILE, campaign_settings, check_campaign_settings, write_campaign_settings
+from ._honest_answers import check_tolerance
 from ._output_folder import check_output_folder
 from ._study_runs import (
     StudyLowering,
@@ -158,6 +159,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..inference import FitResult, window_solves
 
     sf = _study_file(study)
+    check_tolerance(at_best_tolerance)
     out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)

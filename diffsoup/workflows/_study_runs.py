@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ._honest_answers import honest_entries
+from ._honest_answers import check_tolerance, honest_entries
 from ._output_folder import check_output_folder
 
 SUMMARY_FORMAT = "diffsoup.summary/1"
@@ -231,6 +231,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     from ..inference import fit
 
     sf = _study_file(study)
+    check_tolerance(at_best_tolerance)
     out = check_output_folder(out)  # created when the results are written: a stopped fit leaves no empty folder
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
