@@ -103,8 +103,10 @@ def _print_outputs(summary: dict, out: Path) -> None:
 
 def _print_summary(summary: dict, out: Path) -> None:
     starts = summary["starts"]
+    tolerance = starts.get("at_best_tolerance", 1e-3)
     print(f"\nobjective {summary['objective']:.8g}; {starts['at_best']} of {starts['total']} "
-          f"starts at the best; {summary['evaluations']} evaluations in {summary['seconds']:.1f} s")  # fmt: skip
+          f"starts at the best (within {tolerance:g}); {summary['evaluations']} evaluations in "
+          f"{summary['seconds']:.1f} s")  # fmt: skip
     if starts["total"] > 1 and starts["at_best"] == 1:
         # On the benchmark collection a lone start at the best was the rule where the optimum was hard
         # to reach (Boehm, Fujita: 1 of 20), and other problems' 20 starts missed it altogether.
@@ -112,9 +114,12 @@ def _print_summary(summary: dict, out: Path) -> None:
         print(f"only one start reached the best objective: a lower one may exist; run more starts "
               f"(--starts {2 * starts['total']}){' or fides with --hessian hybrid' if hybrid else ''}")  # fmt: skip
     print(f"\n{'parameter':<24} {'estimate':>12} {'std err':>10}  scale")
+    bound = summary.get("at_bound", {})
     for name, value in summary["parameters"].items():
-        base = name.split("[", 1)[0]
-        print(f"{name:<24} {value:>12.6g} {summary['standard_errors'][name]:>10.3g}  {summary['scales'].get(base, '')}")
+        base, se = name.split("[", 1)[0], summary["standard_errors"][name]
+        note = f"  at {bound[name]} bound" if name in bound else ""
+        se_text = f"{se:>10.3g}" if se is not None else f"{'–':>10}"
+        print(f"{name:<24} {value:>12.6g} {se_text}  {summary['scales'].get(base, '')}{note}")
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())
     print(f"\nexperiments at the estimate: {status}")
     _print_outputs(summary, out)
@@ -215,7 +220,7 @@ def _fit(args) -> int:
     with _cluster(args) as (client, _dashboard):  # fit_study prints the dashboard's address
         summary = fit_study(sf, args.out, client=client, method=args.method, starts=args.starts, seed=args.seed,
                             max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
-                            plots=not args.no_plots)  # fmt: skip
+                            plots=not args.no_plots, at_best_tolerance=args.at_best_tolerance)  # fmt: skip
     _print_summary(summary, args.out)
     return 0
 
@@ -237,7 +242,8 @@ def _campaign(args) -> int:
                                  max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
                                  resume=not args.restart,
                                  on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
-                                 no_worker_timeout=_no_worker_timeout(args))  # fmt: skip
+                                 no_worker_timeout=_no_worker_timeout(args),
+                                 at_best_tolerance=args.at_best_tolerance)  # fmt: skip
     c = summary["campaign"]
     print(f"\ncampaign: {c['accepted']} of {c['tasks']} starts accepted ({c['resumed']} from an earlier run), "
           f"{c['failed']} failed; ledger {args.out / c['ledger']}")  # fmt: skip
@@ -298,6 +304,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--starts", type=int, help="number of starts (default: the file's [fit] starts)")
     p.add_argument("--seed", type=int, help="seed of the start points (a scrambled Sobol' sequence)")
     p.add_argument("--max-nfev", type=int, help="most objective evaluations per start")
+    p.add_argument("--at-best-tolerance", type=float, default=1e-3, metavar="TOL",
+                   help="starts within TOL of the best objective count as at the best (default 1e-3)")  # fmt: skip
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     _add_where_options(p)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ._campaign_settings import SETTINGS_FILE, campaign_settings, check_campaign_settings, write_campaign_settings
+from ._honest_answers import check_tolerance
 from ._output_folder import check_output_folder
 from ._study_runs import (
     StudyLowering,
@@ -122,7 +123,8 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
                    method: str | None = None, max_nfev: int | None = None, hessian: str | None = None,
                    hierarchical: bool | Sequence[str] | None = None, resume: bool = True,
                    on_conflict: str = "error", progress: bool = True, plots: bool = True,
-                   log: Callable = print, no_worker_timeout: float | None = None) -> dict:  # fmt: skip
+                   log: Callable = print, no_worker_timeout: float | None = None,
+                   at_best_tolerance: float | None = None) -> dict:  # fmt: skip
     """A multistart campaign on a study file: each start is a task of ``ds.inference.multistart``'s
     campaign (a Dask task on a worker offering ``GPU=1`` when ``client`` is given, else run here),
     recorded in the ledger ``<out>/campaign.json``, so a rerun -- after a crash, a cancelled
@@ -142,6 +144,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         no_worker_timeout: seconds a start may wait for a worker offering its resources; None
             reads the setting ``diffsoup.campaign.no-worker-timeout`` (60 s); ``math.inf`` waits
             for ever (as when workers come from a batch queue).
+        at_best_tolerance: starts within this of the best objective count as at the best (1e-3).
 
     Returns:
         The summary (also in ``<out>/summary.json``), with ``campaign``: tasks accepted, failed,
@@ -156,6 +159,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     from ..inference import FitResult, window_solves
 
     sf = _study_file(study)
+    check_tolerance(at_best_tolerance)
     out = check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
@@ -227,4 +231,5 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         },
         **_fit_entries(settings),
     }  # fmt: skip
-    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra)
+    return _finish_fit(sf, lowered, result, out, command="campaign", plots=plots, log=log, extra=extra,
+                       at_best_tolerance=at_best_tolerance)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ._honest_answers import check_tolerance, honest_entries
 from ._output_folder import check_output_folder
 
 SUMMARY_FORMAT = "diffsoup.summary/1"
@@ -145,11 +146,14 @@ def _relative(path: Path, out: Path) -> str:
 
 
 def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, plots: bool, log: Callable,
-                extra: Mapping[str, Any]) -> dict:  # fmt: skip
+                extra: Mapping[str, Any], at_best_tolerance: float | None = None) -> dict:  # fmt: skip
     """Write the fit's store, plots and summary; return the summary."""
     from ..store import write_fit, write_summary
 
     prob = lowered.problem
+    honest = honest_entries(lowered, result, at_best_tolerance)
+    for line in honest.pop("advice"):
+        log(f"[diffsoup] warning: {line}")
     if result.analytic:
         log(f"[diffsoup] optimized analytically at each evaluation: {', '.join(result.analytic)}")
     log(f"[diffsoup] writing results to {out} ...")
@@ -173,8 +177,6 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
             lower=np.asarray(lowered.lower)[:k], upper=np.asarray(lowered.upper)[:k],
             scale_label="estimate in the optimizer's coordinates (log10 for log10-scaled parameters)",
             title=f"{sf.name}: estimates (grey: bounds)"))  # fmt: skip
-    objectives = np.array([s.objective for s in result.starts])
-    finite = objectives[np.isfinite(objectives)]
     failures: Counter = Counter()
     for s in result.starts:
         for eid, name, count in s.failures:
@@ -183,12 +185,10 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
         "format": SUMMARY_FORMAT, "command": command, "study": sf.name, "study_file": _relative(sf.path, out),
         "experiments": len(sf.study.experiments), "objective": float(result.objective),
         "parameters": {k: float(v) for k, v in result.parameters.items()},
-        "standard_errors": {k: float(result.standard_errors[k]) for k in result.parameters},
+        "standard_errors": {k: None if k in honest["at_bound"] else float(result.standard_errors[k])
+                            for k in result.parameters},
         "scales": {p.name: p.scale for p in sf.study.parameters},
-        "method": result.method,
-        "starts": {"total": int(objectives.size), "finished": int(finite.size),
-                   "at_best": int(np.sum(finite - finite.min() <= 0.1)) if finite.size else 0,
-                   "best": int(result.best), "message": result.message},
+        "method": result.method, **honest,
         "analytic": list(result.analytic),
         "evaluations": int(result.n_evaluations), "seconds": round(float(result.seconds), 3),
         "experiment_status": _status_counts(predictions), "failed_solves_during_fit": dict(failures),
@@ -202,7 +202,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
 def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = None, starts: int | None = None,
               seed: int | None = None, max_nfev: int | None = None, hessian: str | None = None,
               hierarchical: bool | Sequence[str] | None = None, progress: bool = True, plots: bool = True,
-              log: Callable = print) -> dict:  # fmt: skip
+              log: Callable = print, at_best_tolerance: float | None = None) -> dict:  # fmt: skip
     """Fit a study file: multistart, the study lowered over the workers of ``client`` (by
     ``ds.distributed.run``: each worker holds a shard of the experiments) or, with
     ``client=None``, in this process.
@@ -217,9 +217,12 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         progress: progress bars on stderr.
         plots: write the PNG plots.
         log: where progress lines go.
+        at_best_tolerance: starts within this of the best objective count as "at the best"
+            (default ``ds.inference`` 's 1e-3, PEtab benchmarks' criterion).
 
     Returns:
-        The summary (also written to ``<out>/summary.json``; its paths are relative to ``out``).
+        The summary (also written to ``<out>/summary.json``; its paths are relative to ``out``):
+        see :func:`honest_entries` for its ``starts``, ``at_bound`` and ``nominal_objective``.
 
     Raises:
         StudyFailedError: when every experiment fails to solve (at every start and at the
@@ -228,6 +231,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     from ..inference import fit
 
     sf = _study_file(study)
+    check_tolerance(at_best_tolerance)
     out = check_output_folder(out)  # created when the results are written: a stopped fit leaves no empty folder
     settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
@@ -241,7 +245,8 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     if client is None:
         lowered = sf.lower()
         result = _fit_or_explain(sf, fit, lowered, fit_options)
-        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
+        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
+                           at_best_tolerance=at_best_tolerance)
     from ..distributed import run
     from ..distributed._dashboard import dashboard_line
     from ..distributed._compile_forwarding import forward_compile_progress
@@ -253,7 +258,8 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
             extra["dashboard"] = lowered.dashboard
         result = _fit_or_explain(sf, fit, lowered, fit_options)
         extra["wall_seconds"] = round(time.perf_counter() - start, 3)
-        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra)
+        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
+                           at_best_tolerance=at_best_tolerance)
 
 
 def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, Any]):

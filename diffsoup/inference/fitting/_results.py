@@ -4,6 +4,7 @@ fit: the best start, every start, the distinct optima a batched fit found)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -30,6 +31,8 @@ class StartResult:
         seconds: wall time.
         failures: ``(experiment id, status name, count)`` of failed solves met during the start.
         resampled: how many drawn start points failed to solve and were replaced.
+        stalled: the optimizer never moved from ``x0`` and ended far from the best start
+            (:meth:`FitResult.from_starts` marks it; ``success`` is then False).
     """
 
     x0: np.ndarray
@@ -42,6 +45,47 @@ class StartResult:
     seconds: float
     failures: tuple
     resampled: int = 0
+    stalled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the start ended at a finite objective after moving (not failed, not stalled)."""
+        return bool(np.isfinite(self.objective)) and not self.stalled
+
+
+def _finite_end_points(starts: tuple) -> tuple:
+    """``starts`` with no NaN in a stored end point: a non-finite coordinate of ``x`` takes the
+    start point's value, and the start is failed (objective ``inf``: its value belongs to no stored
+    point), its message saying so."""
+    kept = []
+    for r in starts:
+        x = np.asarray(r.x, dtype=np.float64)
+        bad = ~np.isfinite(x)
+        if bad.any() and np.shape(r.x0) == x.shape:
+            r = dataclasses.replace(r, x=np.where(bad, np.asarray(r.x0, dtype=np.float64), x), success=False,
+                                    objective=math.inf,
+                                    message=f"{r.message} (non-finite end point: the start point's values kept "
+                                            f"in {int(bad.sum())} coordinates)")  # fmt: skip
+        kept.append(r)
+    return tuple(kept)
+
+
+def _mark_stalled(starts: tuple, best: float, fixed: np.ndarray) -> tuple:
+    """``starts`` with those that never moved (their optimized coordinates, outside ``fixed``,
+    equal to the start point's to 1e-12) and ended more than :data:`CONVERGED` above ``best``
+    marked failed (``stalled``): an optimizer that could not leave a penalized or flat start
+    point has not finished, however finite its objective."""
+    marked = []
+    for r in starts:
+        x0, x = np.asarray(r.x0, dtype=np.float64), np.asarray(r.x, dtype=np.float64)
+        keep = (~fixed if fixed.size == x.size else np.ones(x.size, dtype=bool)) if x.shape == x0.shape else None
+        still = keep is not None and np.allclose(x[keep], x0[keep], rtol=0.0, atol=1e-12)
+        if still and np.isfinite(r.objective) and r.objective > best + CONVERGED and not r.stalled:
+            r = dataclasses.replace(r, success=False, stalled=True,
+                                    message=f"never moved from its start point (objective {r.objective:.6g}, "
+                                            f"the best start's {best:.6g}); was: {r.message}")  # fmt: skip
+        marked.append(r)
+    return tuple(marked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +156,15 @@ class FitResult:
         Raises:
             RuntimeError: if every start failed.
         """
-        starts = tuple(starts)
+        starts = _finite_end_points(tuple(starts))
         prob = lowered.problem
         finite = [i for i, r in enumerate(starts) if np.isfinite(r.objective)]
         if not finite:
             reasons = "; ".join(r.message for r in starts[:3])
             raise RuntimeError(f"fit: every start failed ({reasons}).")
         best = min(finite, key=lambda i: starts[i].objective)
+        analytic_mask = np.isin(np.asarray(prob.theta_names, dtype=object), list(analytic))
+        starts = _mark_stalled(starts, starts[best].objective, analytic_mask)
         theta = np.asarray(starts[best].x, dtype=np.float64)
         _, _, H = lowered.gauss_newton(theta)
         cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)

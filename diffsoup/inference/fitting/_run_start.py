@@ -48,12 +48,28 @@ def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: A
                            objective.n_evaluations, 0, time.perf_counter() - start, objective.failure_summary(),
                            resampled)  # fmt: skip
     if objective.free.size == 0:  # a profile whose other parameters are all optimized analytically
-        return StartResult(theta0, objective.theta(theta0[objective.free]), float(f0), True,
-                           "the other parameters were optimized analytically", objective.n_evaluations, 0,
-                           time.perf_counter() - start, objective.failure_summary(), resampled)  # fmt: skip
+        theta, note = _finite_theta(objective, theta0[objective.free], theta0)
+        return StartResult(theta0, theta, float(f0), not note, "the other parameters were optimized analytically"
+                           + note, objective.n_evaluations, 0, time.perf_counter() - start,
+                           objective.failure_summary(), resampled)  # fmt: skip
     out = optimizer.minimize(objective, theta0[objective.free], f0)
-    if out.value > f0:  # an optimizer may end above its start (L-BFGS-B on a penalized point): keep the start
-        out = out._replace(x=theta0[objective.free], value=f0)
-    return StartResult(theta0, objective.theta(out.x), float(out.value), out.success, out.message,
+    if not out.value <= f0:  # an optimizer may end above its start (L-BFGS-B on a penalized point), or at
+        out = out._replace(x=theta0[objective.free], value=f0)  # NaN: keep the start, whose value is finite
+    theta, note = _finite_theta(objective, out.x, theta0)
+    return StartResult(theta0, theta, float(out.value), out.success and not note, out.message + note,
                        objective.n_evaluations, out.n_iterations, time.perf_counter() - start,
                        objective.failure_summary(), resampled)  # fmt: skip
+
+
+def _finite_theta(objective: StartObjective, x: np.ndarray, theta0: np.ndarray) -> tuple[np.ndarray, str]:
+    """The full theta of the end point ``x`` and ``""``; where the analytic parameters could not be
+    found there (NaN: a solve failed on the way), those coordinates keep ``theta0``'s finite values
+    and the note says so, so that no stored end point holds a NaN."""
+    theta = np.asarray(objective.theta(x), dtype=np.float64)
+    bad = ~np.isfinite(theta)
+    if not bad.any():
+        return theta, ""
+    theta = np.where(bad, theta0, theta)
+    names = getattr(objective.lowered, "theta_names", ())
+    which = ", ".join(str(names[i]) for i in np.flatnonzero(bad)) if len(names) == theta.size else f"{bad.sum()}"
+    return theta, f" (the analytic values of {which} were not found at the end point: the start point's are kept)"
