@@ -46,6 +46,11 @@ REFRESH_MS = 1000
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
+def _status_color(status: str) -> str:
+    """A bar's colour: green for solved experiments, grey for those not yet evaluated, red for failures."""
+    return {"SUCCESS": "#2ca02c", "PENDING": "#7f7f7f"}.get(status, "#d62728")
+
+
 def _table(columns: tuple[str, ...], title: str, height: int = 180, widths: dict | None = None):
     from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
 
@@ -77,10 +82,10 @@ def page_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     failed_src, failed_tab = _table(FAILED_TASK_COLUMNS, "diffsoup-failed-tasks", 140, wide)
     ensembles_src, ensembles_tab = _table(ENSEMBLE_COLUMNS, "diffsoup-ensembles", 120, wide)
 
-    status_src = ColumnDataSource({"status": [], "count": []})
+    status_src = ColumnDataSource({"status": [], "count": [], "color": []})
     status_fig = figure(x_range=[], height=260, width=420, title="Experiments by status (all studies)",
                         toolbar_location=None, name="diffsoup-status-plot")  # fmt: skip
-    status_fig.vbar(x="status", top="count", width=0.8, source=status_src, color="#d62728")
+    status_fig.vbar(x="status", top="count", width=0.8, source=status_src, color="color")
     status_fig.y_range.start = 0
 
     fall_src = ColumnDataSource({c: [] for c in (*WATERFALL_COLUMNS, "color")})
@@ -139,7 +144,8 @@ def page_doc(scheduler: Any, extra: dict, doc: Any) -> None:
                 ("failing", failing_src, st["failing"]), ("campaigns", campaigns_src, ct["campaigns"]),
                 ("failed", failed_src, ct["failed"]), ("ensembles", ensembles_src, ensemble_table(ensembles)),
                 ("waterfall", fall_src, dict(ct["waterfall"], color=[colors[c] for c in ct["waterfall"]["campaign"]])),
-                ("status", status_src, {"status": names, "count": [counts[n] for n in names]}),
+                ("status", status_src, {"status": names, "count": [counts[n] for n in names],
+                                        "color": [_status_color(n) for n in names]}),
             ):  # fmt: skip
                 if changed(name, data):
                     if name == "status":
