@@ -5,7 +5,8 @@ multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary
 ``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the
 clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
 (``SlurmProfile``, ``read_slurm_profile``; ``read_profile`` is its deprecated name),
-``cluster_client``, ``worker_threads``).
+``cluster_client``, ``worker_threads``), and ``dashboard_line`` (where the Dask dashboard and
+diffsoup's page on it are, for a script to print).
 
 Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
 ``diffsoup`` namespace of Dask's configuration (``_config``, defaults in ``diffsoup.yaml``).
@@ -56,4 +57,8 @@ def run(study, **options):
 from .._lazy import lazy_attributes  # noqa: E402
 
 # name -> module that defines it, loaded on first attribute access (keeps Dask out of the import).
-__getattr__, __dir__ = lazy_attributes(__name__, {"DistributedStudy": "diffsoup.distributed._run", "RunOptions": "diffsoup.distributed._run"})
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "DistributedStudy": "diffsoup.distributed._run",
+    "RunOptions": "diffsoup.distributed._run",
+    "dashboard_line": "diffsoup.distributed._dashboard",
+})
