@@ -26,23 +26,24 @@ How a solve uses the factors (``Dense.solve``):
   platform (``jax.lax.platform_dependent``): the compiled program holds one of the two.
 
 Numerics of the explicit inverse (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd
-ed., SIAM 2002, §14.1 and §14.3; ch. 12 for refinement): the computed ``x = fl(X b)`` has a
-forward error of the same order as the LU solve's, ``cond(W) u`` (``u`` the unit roundoff), but
-it is not backward stable: its residual is bounded only by ``u |W| |W^{-1}| |b|`` instead of
-``u |L| |U| |x|``, so on an ill-conditioned ``W`` (stiff stages, ``W = I/(h gamma) - J`` with
-widely spread scales) the components that cancel in ``X b`` may lose digits the LU solve keeps.
-Measured against the LU path (tests/test_dense_inverse.py): the network study, OREGO and the
-float32-refined modes agree to 1e-12 relative or better; ROBER to 1e-7 relative in ``y1``, below
-the absolute tolerance; E5 (states near 1e-22 beside 1e-3) to 1.3 % at rtol 1e-6, within the
-absolute tolerance's share of those states (atol 1.1e-24 is 1.2 % of them), and inside the
-reference test's bounds. The float32 factors of ``"fp32_ir"`` and ``"adaptive"`` (a float32
-inverse) are refined against the float64 residual as any backend's are (``_base``), which
-restores the accuracy the LU solve had there. Float64 solves are not refined: a step of
-fixed-precision refinement (``x += X (b - W x)``, residual from the CSR values) was tried and
-made E5 *worse* (y2 off by 2x): the residual's own rounding, ``u |W| |x|`` with ``|x|``
-dominated by the large states, breaks the conserved combination of the tiny ones that the
-products keep. The products run at full precision (``Precision.HIGHEST``: no TF32 on GPUs).
-Problems like E5 that need the LU's every digit can take ``Dense(solve="lu")``.
+ed., SIAM 2002, §14.1 and §14.3; ch. 12 for refinement): the computed ``x = fl(X b)`` has a forward
+error of the same order as the LU solve's, ``cond(W) u`` (``u`` the unit roundoff), but it is not
+backward stable: its residual is bounded only by ``u |W| |W^{-1}| |b|`` instead of ``u |L| |U|
+|x|``, so on an ill-conditioned ``W`` (stiff stages, ``W = I/(h gamma) - J`` with widely spread
+scales) the components that cancel in ``X b`` may lose digits the LU solve keeps. Measured against
+the LU path on the CPU (tests/test_dense_inverse.py): the 20-species network (float64 and
+``"fp32_ir"``) and OREGO agree to 5e-13 relative or better, with the same steps; ROBER to 1e-7
+relative in ``y1`` at rtol 1e-10 (0.2 of its absolute tolerance); E5 (states near 1e-22 beside
+1e-3) to 0.7 % (rtol 1e-7) and 0.3 % (1e-10) in ``y2`` and ``y3``, less than the absolute tolerance
+(1.1e-24 is 1.2 % of them) and within the Test Set reference's bounds. The float32 factors of
+``"fp32_ir"`` and ``"adaptive"`` (a float32 inverse) are refined against the float64 residual as
+any backend's are (``_base``), which restores the accuracy the LU solve had there. Float64 solves
+are not refined: a step of fixed-precision refinement (``x += X (b - W x)``, residual from the CSR
+values) was tried and made E5 *worse* (y2 off by 2x at rtol 1e-10, 7x at 1e-7, reported as
+successes): the residual's own rounding, ``u |W| |x|`` with ``|x|`` dominated by the large states,
+swamps the conserved combination of the tiny ones. The products run at full precision
+(``Precision.HIGHEST``: no TF32 on GPUs). Problems like E5 that need the LU's every digit can take
+``Dense(solve="lu")``.
 
 A non-finite matrix fails the solve on every path: its factors (the LU, or the inverse) are
 poisoned with NaN, so every solution is NaN, as the solves stay linear in ``b``.
