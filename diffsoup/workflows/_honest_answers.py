@@ -11,6 +11,8 @@ import numpy as np
 # An estimate within this of a bound, on the optimizer's scale (log10 for log10-scaled parameters),
 # is at that bound: the Gauss-Newton standard error there describes no interval.
 AT_BOUND = 1e-3
+# The summary lists this many of the best distinct optima (and counts them all).
+LISTED_OPTIMA = 10
 
 
 def check_tolerance(at_best_tolerance: float | None) -> float:
@@ -66,7 +68,11 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     ``starts``: ``total``; ``finished`` (a finite objective, having moved); ``failed`` (the rest:
     no finite objective, or never moved from a start point far above the best); ``at_best``
     (within ``at_best_tolerance``, default 1e-3, of the best objective); the tolerance, the best
-    start's index and message.
+    start's index and message; ``optima``, the distinct optima the finished starts reached, told
+    apart by objective within the same tolerance (``FitResult.distinct_objectives``: ends on one
+    flat valley, whose points differ along a non-identifiable direction, are one optimum), best
+    first, as ``{"objective", "starts"}`` (at most :data:`LISTED_OPTIMA`; ``distinct_optima``
+    counts them all).
     """
     tolerance = check_tolerance(at_best_tolerance)
     finished = sum(bool(getattr(s, "finished", np.isfinite(s.objective))) for s in result.starts)
@@ -74,6 +80,9 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     starts = {"total": len(result.starts), "finished": int(finished), "failed": len(result.starts) - int(finished),
               "at_best": at_best, "at_best_tolerance": tolerance, "best": int(result.best),
               "message": result.message}  # fmt: skip
+    optima = result.distinct_objectives(tolerance)
+    starts["distinct_optima"] = len(optima)
+    starts["optima"] = [{"objective": value, "starts": len(members)} for value, members in optima[:LISTED_OPTIMA]]
     bound = at_bounds(lowered, result)
     withheld = {name: f"at its {side} bound (within {AT_BOUND:g} on the optimizer's scale): the Gauss-Newton "
                       "standard error describes no interval there; a profile does"
