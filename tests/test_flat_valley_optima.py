@@ -50,7 +50,7 @@ def _closed_form() -> tuple[float, float]:
 
 
 def test_ends_along_a_non_identifiable_valley_are_one_optimum():
-    from diffsoup.workflows._honest_answers import honest_entries
+    from diffsoup.workflows._honest_answers import distinct_objectives, honest_entries
 
     lowered = _lowered()
     k, nll = _closed_form()
@@ -63,7 +63,7 @@ def test_ends_along_a_non_identifiable_valley_are_one_optimum():
     # By point (the batched fit's clustering) they are several optima; by objective, one.
     lower, upper = np.asarray(lowered.lower), np.asarray(lowered.upper)
     assert len(distinct_optima([s.objective for s in result.starts], ends, lower, upper, same_point=SAME_POINT)) > 1
-    (value, members), = result.distinct_objectives()
+    (value, members), = distinct_objectives(result)
     assert value == pytest.approx(nll, abs=1e-7) and sorted(members) == [0, 1, 2, 3]
     entries = honest_entries(lowered, result)
     assert entries["starts"]["at_best"] == 4 and entries["starts"]["distinct_optima"] == 1
@@ -74,7 +74,7 @@ def test_ends_along_a_non_identifiable_valley_are_one_optimum():
     more = list(result.starts) + [StartResult(x + 0.5, x + 0.01, result.objective + 0.02, True, "ok", 1, 1, 0.0, ()),
                                   StartResult(x, x, math.inf, False, "a solve failed", 1, 0, 0.0, ())]
     mixed = FitResult.from_starts(lowered, more, method="trf", seconds=0.0)
-    assert [(round(v - nll, 6), len(m)) for v, m in mixed.distinct_objectives()] == [(0.0, 4), (0.02, 1)]
-    assert len(mixed.distinct_objectives(0.05)) == 1
+    assert [(round(v - nll, 6), len(m)) for v, m in distinct_objectives(mixed)] == [(0.0, 4), (0.02, 1)]
+    assert len(distinct_objectives(mixed, 0.05)) == 1
     entries = honest_entries(lowered, mixed)
     assert entries["starts"]["distinct_optima"] == 2 and entries["starts"]["at_best"] == 4

@@ -139,24 +139,6 @@ class FitResult:
         multistart waterfall (``ds.plots.plot_waterfall`` draws it)."""
         return np.sort(np.array([s.objective for s in self.starts], dtype=np.float64))
 
-    def distinct_objectives(self, tolerance: float = CONVERGED) -> tuple:
-        """The distinct optima the finished starts reached, told apart by objective alone:
-        ``((objective, start indices), ...)``, best first, each start joining the first optimum
-        whose best objective is within ``tolerance`` of its own (``distinct_optima`` of the batched
-        fit with no test on the points).
-
-        Ends on one flat valley (a non-identifiable direction: the same objective at points that
-        differ along it) are one optimum here, however far apart their points; :attr:`optima`
-        (``"batched"``) separates ends by point as well. Failed and stalled starts are left out.
-        """
-        from ._batched_fit import distinct_optima
-
-        values = np.array([s.objective if s.finished else math.inf for s in self.starts], dtype=np.float64)
-        points = np.zeros((values.size, 1))  # no test on the points: every coordinate unbounded
-        groups = distinct_optima(values, points, np.array([-math.inf]), np.array([math.inf]),
-                                 tolerance=float(tolerance), same_point=math.inf)  # fmt: skip
-        return tuple((float(values[g[0]]), tuple(int(i) for i in g)) for g in groups)
-
     def converged(self, tolerance: float = CONVERGED, best: float | None = None) -> np.ndarray:
         """Which starts ended within ``tolerance`` of ``best`` (default: this fit's best objective;
         give the best value known, e.g. a published optimum), as a boolean array in start order."""
