@@ -144,3 +144,84 @@ def test_a_dask_run_whose_worker_dies_mid_block_ends_with_the_serial_best(decay,
     assert all(r["attempts"] <= 2 for r in json.loads(ledger.read_text())["tasks"].values())
     assert resumed.objective == pytest.approx(serial.objective, abs=1e-10)
     np.testing.assert_allclose(resumed.theta, serial.theta, rtol=0, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------
+# The command: --method batched, and --method auto (the default where the file names no method)
+# --------------------------------------------------------------------------------------------
+
+
+def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_path, monkeypatch):
+    from test_cli import write_decay_study
+
+    from diffsoup.formats import load_study
+    from diffsoup.workflows import _study_runs
+    from diffsoup.workflows._auto_method import AUTO_MIN_STARTS, choose_method
+
+    assert choose_method(1000, "cpu")[0] == "fides" and "47.9 against 18.0" in choose_method(1000, "cpu")[1]
+    assert choose_method(AUTO_MIN_STARTS - 1, "gpu")[0] == "fides"
+    assert choose_method(AUTO_MIN_STARTS, "gpu")[0] == "batched"
+    plain, named = load_study(write_decay_study(tmp_path / "a")), load_study(write_decay_study(tmp_path / "b", FIT_FIDES))
+    monkeypatch.setattr(_study_runs, "default_backend", lambda client=None: "gpu")
+    s = _study_runs._settings(plain, None, 32, None, None)
+    assert s["method"] == "batched" and "GPU and 32 starts >= 16" in s["auto"]
+    assert "--method auto chose batched: the default JAX backend is a GPU" in _study_runs._method_label(s)
+    assert _study_runs._fit_entries(s)["method_auto"] == s["auto"]
+    assert _study_runs._settings(plain, None, 4, None, None)["method"] == "fides"  # too few starts
+    assert _study_runs._settings(plain, None, 32, None, None, "hybrid")["method"] == "fides"  # a fides Hessian
+    assert _study_runs._settings(named, None, 32, None, None)["auto"] is None  # the file names fides
+    assert _study_runs._settings(named, None, 32, None, None)["method"] == "fides"
+    assert _study_runs._settings(plain, "auto", 32, None, None)["method"] == "batched"
+    assert _study_runs._settings(named, "auto", 32, None, None)["method"] == "batched"  # the flag wins
+    monkeypatch.setattr(_study_runs, "default_backend", lambda client=None: "cpu")
+    s = _study_runs._settings(plain, None, 32, None, None)
+    assert s["method"] == "fides" and "the default JAX backend is cpu" in s["auto"]
+
+
+FIT_FIDES = '\n[fit]\nmethod = "fides"\n'
+
+
+@pytest.mark.slow
+def test_fit_command_with_method_batched_and_with_auto(tmp_path, capsys):
+    """``diffsoup fit --method batched`` (in this process) ends at the closed form's optimum, its
+    results store holding every start; the default (auto) says what it chose and why."""
+    from test_cli import write_decay_study
+
+    from diffsoup import cli
+    from diffsoup.store import read_fit
+
+    study = write_decay_study(tmp_path)
+    best, _, nll = reference_fit(0)  # the study file's data set: scipy on the closed form
+    assert cli.main(["fit", str(study), "-o", str(tmp_path / "fit"), "--method", "batched", "--starts", "3",
+                     "--in-process", "--no-plots"]) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    assert summary["method"] == "batched" and summary["objective"] == pytest.approx(nll, abs=1e-6)
+    np.testing.assert_allclose([np.log10(summary["parameters"][k]) for k in "Ak"], best, rtol=0, atol=1e-5)
+    assert read_fit(tmp_path / "fit" / "results.zarr")["starts"]["objective"].shape == (3,)
+    capsys.readouterr()
+    assert cli.main(["fit", str(study), "-o", str(tmp_path / "auto"), "--starts", "1", "--in-process", "--no-plots"]) == 0
+    assert "--method auto chose fides: the default JAX backend is cpu" in capsys.readouterr().out
+    assert json.loads((tmp_path / "auto" / "summary.json").read_text())["method_auto"].startswith("the default JAX")
+
+
+@pytest.mark.slow
+def test_campaign_command_with_method_batched_runs_blocks_and_resumes(tmp_path, capsys):
+    """``diffsoup campaign --method batched`` (in this process): one block of three starts in the
+    ledger, the closed form's optimum, and a rerun that resumes the block."""
+    from test_cli import write_decay_study
+
+    from diffsoup import cli
+
+    study = write_decay_study(tmp_path)
+    _, _, nll = reference_fit(0)
+    args = ["campaign", str(study), "-o", str(tmp_path / "camp"), "--method", "batched", "--starts", "3", "--in-process",
+            "--no-plots"]  # fmt: skip
+    assert cli.main(args) == 0
+    ledger = json.loads((tmp_path / "camp" / "campaign.json").read_text())["tasks"]
+    assert sorted(ledger) == ["block-0000"] and len(ledger["block-0000"]["result"]["starts"]) == 3
+    first = json.loads((tmp_path / "camp" / "summary.json").read_text())
+    assert first["method"] == "batched" and first["objective"] == pytest.approx(nll, abs=1e-6)
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    assert "1 of 1 blocks of starts accepted (1 from an earlier run)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "camp" / "summary.json").read_text())["objective"] == first["objective"]
