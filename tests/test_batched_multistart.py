@@ -225,3 +225,23 @@ def test_campaign_command_with_method_batched_runs_blocks_and_resumes(tmp_path, 
     assert cli.main(args) == 0
     assert "1 of 1 blocks of starts accepted (1 from an earlier run)" in capsys.readouterr().out
     assert json.loads((tmp_path / "camp" / "summary.json").read_text())["objective"] == first["objective"]
+
+
+@pytest.mark.slow
+def test_fit_study_with_method_batched_sends_blocks_to_the_dask_workers(tmp_path):
+    """``diffsoup fit --method batched`` on a cluster: the starts go to the workers (offering
+    ``GPU=1``, as the embedded default's do) in blocks, and the fit ends at the closed form's optimum."""
+    distributed = pytest.importorskip("distributed")
+    from test_cli import write_decay_study
+
+    from diffsoup.workflows import fit_study
+
+    study = write_decay_study(tmp_path)
+    _, _, nll = reference_fit(0)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, resources={"GPU": 1},
+                                  dashboard_address=":0") as cluster:  # fmt: skip
+        with distributed.Client(cluster, set_as_default=False) as client:
+            summary = fit_study(study, tmp_path / "fit", client=client, method="batched", starts=3, plots=False,
+                                progress=False, log=lambda line: None)  # fmt: skip
+    assert summary["method"] == "batched" and summary["objective"] == pytest.approx(nll, abs=1e-6)
+    assert summary["starts"]["total"] == 3
