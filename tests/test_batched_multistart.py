@@ -1,10 +1,11 @@
 """``multistart(method="batched")``: blocks of starts as campaign tasks (``block-0000``, ...).
 
-Serial and Dask runs give the same end state per start (to 1e-10), and the same as ``fit`` running
-every start as one block; the ledger resumes a rerun with the same settings and refuses one with
-another ``starts_per_block`` or seed, naming it; a Dask run in which a worker process dies in the
-middle of a block ends with the same best as the serial run, and a rerun from its ledger runs
-nothing and gives that best again."""
+Serial, single-process "processes" and Dask runs give the same end state per start (to 1e-10),
+and the same as ``fit`` running every start as one block; the ledger resumes a rerun with the same
+settings and refuses one with another ``starts_per_block`` or seed, naming it; a Dask run in which
+a worker process dies in the middle of a block ends with the same best as the serial run, and a
+rerun from its ledger runs nothing and gives that best again. The command: ``--method batched``
+for ``fit`` and ``campaign``, and ``--method auto``."""
 
 import json
 import os
@@ -81,6 +82,10 @@ def test_blocks_run_serially_equal_fits_one_block_and_resume_from_the_ledger(dec
     np.testing.assert_allclose(serial.theta, best, rtol=0, atol=1e-7)
     assert serial.objective == pytest.approx(nll, abs=1e-9) and serial.method == "batched"
     assert serial.optima[0].count == 5 and all(s.message.startswith("batched:") for s in serial.starts)
+    # execution="processes" in one process: the same blocks, one device group after another.
+    processes = multistart(decay, starts=5, seed=0, method=OPTIONS, starts_per_block=2, execution="processes")
+    for a, b in zip(ends(serial), ends(processes)):
+        np.testing.assert_array_equal(a, b)
     # A rerun with the same settings runs nothing and gives the same end states.
     again = multistart(decay, starts=5, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
     assert all(r["attempts"] == 1 for r in json.loads(ledger.read_text())["tasks"].values())
@@ -151,7 +156,7 @@ def test_a_dask_run_whose_worker_dies_mid_block_ends_with_the_serial_best(decay,
 # --------------------------------------------------------------------------------------------
 
 
-def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_path, monkeypatch):
+def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_path, monkeypatch, capsys):
     from test_cli import write_decay_study
 
     from diffsoup.formats import load_study
@@ -176,6 +181,13 @@ def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_
     monkeypatch.setattr(_study_runs, "default_backend", lambda client=None: "cpu")
     s = _study_runs._settings(plain, None, 32, None, None)
     assert s["method"] == "fides" and "the default JAX backend is cpu" in s["auto"]
+    # diffsoup check names the method the command will use.
+    from diffsoup import cli
+
+    capsys.readouterr()
+    assert cli.main(["check", str(plain.path)]) == 0 and cli.main(["check", str(named.path)]) == 0
+    out = capsys.readouterr().out
+    assert "fit: auto (batched on a GPU with >= 16 starts, else fides)" in out and "fit: fides (gauss_newton" in out
 
 
 FIT_FIDES = '\n[fit]\nmethod = "fides"\n'

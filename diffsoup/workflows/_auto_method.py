@@ -16,6 +16,8 @@ from typing import Any
 
 AUTO_MIN_STARTS = 16
 """Starts from which ``auto`` takes the batched optimizer on a GPU (``BatchedTrustRegion``'s default lanes)."""
+AUTO_LABEL = f"auto (batched on a GPU with >= {AUTO_MIN_STARTS} starts, else fides)"
+"""How ``diffsoup check`` names the method of a file whose ``[fit]`` names none."""
 
 
 def default_backend(client: Any = None) -> str:
