@@ -254,16 +254,19 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         result = _fit_or_explain(sf, fit, lowered, fit_options)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
                            at_best_tolerance=at_best_tolerance)
-    if settings["method"] == "batched":
+    from ..distributed import run
+    from ..distributed._dashboard import dashboard_line, dashboard_url
+    from ..distributed._compile_forwarding import forward_compile_progress
+
+    forward_compile_progress(client)  # the workers' compilations are shown while the bar waits for them
+    if settings["method"] == "batched":  # blocks of starts on the workers, each lowering the whole study
+        if dashboard_url(client):
+            log(f"[diffsoup] {dashboard_line(client)}")  # the Dask dashboard and diffsoup's page
+            extra["dashboard"] = dashboard_url(client)
         lowered, result = _fit_blocks(sf, client, fit_options)
         extra["wall_seconds"] = round(time.perf_counter() - start, 3)
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
                            at_best_tolerance=at_best_tolerance)
-    from ..distributed import run
-    from ..distributed._dashboard import dashboard_line
-    from ..distributed._compile_forwarding import forward_compile_progress
-
-    forward_compile_progress(client)  # the workers' compilations are shown while the bar waits for them
     with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
         if getattr(lowered, "dashboard", None):
             log(f"[diffsoup] {dashboard_line(lowered.client)}")  # the Dask dashboard and diffsoup's page
