@@ -172,51 +172,49 @@ class Fides(AbstractOptimizer):
         import fides
 
         began = time.monotonic()
-        x, value, iterations, continued = np.asarray(x0, dtype=np.float64), float(f0), 0, []
-        flag, radius, note = None, None, ""  # flag: the last stop that was fides' own, not a round's end
+        x, value, iterations = np.asarray(x0, dtype=np.float64), float(f0), 0
+        stops, rounds, note = [], 0, ""  # stops: (fides' stop, predicted decrease) that started a continuation
+        flag, radius = None, None  # flag: the last stop that was fides' own, not a round's iteration cap
         while True:
             before = value
             left = self.max_evaluations - iterations
-            cap = min(left, int(self.continue_iterations)) if continued else left
-            opt = self._optimizer(objective, function_test=not continued, max_iterations=cap, radius=radius,
+            opt = self._optimizer(objective, function_test=not rounds, radius=radius,
+                                  max_iterations=min(left, int(self.continue_iterations)) if rounds else left,
                                   max_seconds=self.max_seconds - (time.monotonic() - began))  # fmt: skip
             try:
                 opt.minimize(x)
             except RuntimeError as exc:  # fides refuses a non-finite start or a point outside the bounds
-                if not continued:  # the first run: nothing counted yet
+                if not rounds:  # the first run: nothing counted yet
                     return Outcome(x, value, False, f"fides stopped: {exc}", int(opt.iteration))
                 break  # a continuation's start is the last end point, which solved: keep it
             iterations += int(opt.iteration)
             if opt.x_min is not None and np.isfinite(opt.fval_min) and opt.fval_min <= value:
                 x, value = np.asarray(opt.x_min, dtype=np.float64), float(opt.fval_min)
-            round_ended = (continued and opt.exitflag == fides.ExitFlag.MAXITER and iterations < self.max_evaluations)
-            if not round_ended:
+            capped = bool(rounds) and opt.exitflag == fides.ExitFlag.MAXITER and iterations < self.max_evaluations
+            if not capped:
                 flag = opt.exitflag
-            if continued and before - value < self.continue_above:
-                if round_ended:
+            if rounds and before - value < self.continue_above:
+                if capped:
                     note = f"; a round of {int(opt.iteration)} iterations gained {before - value:.2g}"
                 break  # running on from here gained less than it was run for: another round would too
-            out_of_budget = (len(continued) >= self.max_continuations or iterations >= self.max_evaluations
+            out_of_budget = (rounds >= self.max_continuations or iterations >= self.max_evaluations
                              or time.monotonic() - began >= self.max_seconds)  # fmt: skip
-            if round_ended and not out_of_budget:  # the round paid: the next one from its radius
-                radius = float(opt.delta)
-                continued.append(("a round", math.nan))
+            if capped and not out_of_budget:  # the round paid: the next one from the radius it ended with
+                radius, rounds = float(opt.delta), rounds + 1
                 continue
-            stalled = flag in (fides.ExitFlag.FTOL, fides.ExitFlag.DELTA_TOO_SMALL)
-            if not stalled or out_of_budget:
+            if flag not in (fides.ExitFlag.FTOL, fides.ExitFlag.DELTA_TOO_SMALL) or out_of_budget:
                 break
             decrease = model_decrease(opt.x, opt.grad, opt.hess, objective.lower, objective.upper)
             if not decrease > self.continue_above:
                 break
-            radius = None  # a fresh radius after fides' own stop
-            continued.append((getattr(flag, "name", str(flag)), decrease))
+            radius, rounds = None, rounds + 1  # a fresh radius after fides' own stop
+            stops.append((getattr(flag, "name", str(flag)), decrease))
         message = f"fides: {getattr(flag, 'name', flag)}"
-        stops = [f"{name} with {d:.3g} predicted" for name, d in continued if not math.isnan(d)]
-        if continued:
-            rounds = len(continued)
-            message += (" (continued after " + ", ".join(stops) + (f" in {rounds} rounds" if rounds > len(stops) else "")
-                        + note + ")")  # fmt: skip
+        if rounds:
+            message += (" (continued after " + ", ".join(f"{name} with {d:.3g} predicted" for name, d in stops)
+                        + (f" in {rounds} rounds" if rounds > len(stops) else "") + note + ")")  # fmt: skip
         return Outcome(x, value, bool(int(flag) > 0), message, iterations)
+
 
 def model_decrease(x: np.ndarray, grad: np.ndarray, hess: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> float:
     """The decrease ``g^T H^+ g / 2`` that the quadratic model at ``x`` predicts for a Newton step
