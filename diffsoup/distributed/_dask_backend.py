@@ -16,10 +16,16 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import cloudpickle
+
 from ..inference.objective._lower import LoweredStudy, lower
 from ..inference.objective._parts import AbstractPart
 from ..inference.study._study import Study
-from ._dashboard import dashboard_url
+from ..integrate import Status
+from ..store._ledger import now_iso
+from ._clusters import embedded_cluster
+from ._dashboard import dashboard_url, install
+from ._dashboard_publish import publish_study, study_record
 from ._distributed_study import DistributedStudy
 from ._lowered_cache import LOWERED
 from ._run_options import RunOptions
@@ -60,8 +66,6 @@ def _release(fp: str) -> int:
 
 
 def _now() -> str:
-    from ..store._ledger import now_iso
-
     return now_iso()
 
 
@@ -87,8 +91,6 @@ class DaskBackend:
         self.members = shard_members(study, len(workers))
         self.pin = {sid: workers[sid % len(workers)] for sid in range(len(self.members))}
         buf = io.BytesIO()
-        import cloudpickle
-
         cloudpickle.dump((study, dict(options)), buf)
         self.payload_bytes = buf.getvalue()
         self.payload = client.scatter(self.payload_bytes, broadcast=True, hash=False)
@@ -121,8 +123,6 @@ class DaskBackend:
             time.sleep(0.2)
 
     def _publish(self, final: bool = False) -> None:
-        from ._dashboard_publish import publish_study, study_record
-
         publish_study(self.client, self.fp, lambda: study_record(self), final=final)
 
     def _submit(self, mode: str, argument: Any) -> list:
@@ -138,8 +138,6 @@ class DaskBackend:
         ]  # fmt: skip
 
     def __call__(self, mode: str, argument: Any) -> list[AbstractPart | None]:
-        from ..integrate import Status
-
         t0 = time.perf_counter()
         last: Exception | None = None
         for attempt in range(self.retries + 1):
@@ -195,8 +193,6 @@ def _connect(cluster: Any, resources: Mapping[str, float], n_workers: int | None
             return default_client(), []
         except ValueError:
             pass
-        from ._clusters import embedded_cluster
-
         local, client = embedded_cluster(resources, n_workers=n_workers)
         return client, [client, local]
     if isinstance(cluster, Client):
@@ -216,8 +212,6 @@ def _connect(cluster: Any, resources: Mapping[str, float], n_workers: int | None
 @contextlib.contextmanager
 def run_dask(study: Study, options: dict, execution: RunOptions) -> Iterator[DistributedStudy]:
     from distributed.spans import span
-
-    from ._dashboard import install
 
     base = lower(study, **options)  # bad lowering options raise before any cluster starts
     client, owned = _connect(execution.cluster, execution.resources, execution.n_workers)

@@ -16,7 +16,8 @@ from ..inference.objective._lower import LoweredStudy, lower
 from ..inference.objective._parts import AbstractPart
 from ..inference.study._study import Study
 from ._distributed_study import DistributedStudy
-from ._runtime import process_count, process_index
+from ._kv import KeyValueStore
+from ._runtime import check_agree, process_count, process_index
 from ._shards import serve_request, shard_lowering_options, shard_members, study_fingerprint
 
 _RUN_COUNTER = [0]
@@ -28,15 +29,11 @@ class ProcessBackend:
     key-value store, serve its own shard, collect the other processes' parts."""
 
     def __init__(self, prefix: str, shard: LoweredStudy, members: list[list[int]]):
-        from ._kv import KeyValueStore
-
         self.kv = KeyValueStore()
         self.prefix, self.shard, self.members = prefix, shard, members
         self.n = 0
 
     def __call__(self, mode: str, argument: Any) -> list[AbstractPart | None]:
-        from ._runtime import check_agree
-
         n, self.n = self.n, self.n + 1
         self.kv.set(f"{self.prefix}/cmd/{n}", pickle.dumps((mode, argument)))
         if mode != "compile":
@@ -58,9 +55,6 @@ class ProcessBackend:
 
 def _serve(prefix: str, shard: LoweredStudy, me: int) -> None:
     """Processes above 0: serve this process's shard for every command until 'stop'."""
-    from ._kv import KeyValueStore
-    from ._runtime import check_agree
-
     kv = KeyValueStore()
     n = 0
     while True:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..inference.objective._lower import lower
+from ._config import get
 
 DEFAULT_NAME = "study"
 # The keywords of ds.lower: run() passes them on.
@@ -74,8 +75,6 @@ class RunOptions:
     def resolved(self) -> "RunOptions":
         """These options with every field left None read from the ``diffsoup`` Dask configuration
         (and ``name`` defaulted)."""
-        from ._config import get
-
         return dataclasses.replace(
             self,
             resources=get("run.resources", self.resources),

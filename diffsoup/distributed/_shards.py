@@ -11,6 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cloudpickle
+
+from ..inference.objective._balance import balance_owners
 from ..inference.objective._lower import LoweredStudy, lower
 from ..inference.objective._parts import AbstractPart
 from ..inference.study._study import Study
@@ -18,8 +21,6 @@ from ..inference.study._study import Study
 
 def study_fingerprint(study: Study, options: Mapping[str, Any]) -> str:
     """A 16-hex-digit SHA-256 of the study (pickled) and the lowering options."""
-    import cloudpickle
-
     h = hashlib.sha256()
     h.update(cloudpickle.dumps((study, sorted(options.items(), key=lambda kv: kv[0]))))
     return h.hexdigest()[:16]
@@ -28,8 +29,6 @@ def study_fingerprint(study: Study, options: Mapping[str, Any]) -> str:
 def shard_members(study: Study, lanes: int) -> list[list[int]]:
     """Experiment indices (study order) of each shard, by ``balance_owners`` over ``lanes``; empty
     shards are dropped."""
-    from ..inference.objective._balance import balance_owners
-
     exps = study.experiments
     index = {e.id: i for i, e in enumerate(exps)}
     ordered = balance_owners(study, lanes).experiments
