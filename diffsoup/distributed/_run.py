@@ -31,7 +31,6 @@ and the other processes evaluate their shard and send its part back until proces
 block, then raise ``SystemExit(0)``.
 """
 
-
 from __future__ import annotations
 
 import contextlib

@@ -72,7 +72,6 @@ Chunk sizes count experiments (all devices together): ``experiments_per_chunk=``
 is its deprecated name) and :attr:`LoweredStudy.chunk_sizes`, the sizes chosen, per mode and group.
 """
 
-
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
