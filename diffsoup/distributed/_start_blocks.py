@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ..inference import AbstractLoweredStudy, StartResult
+from ..inference import AbstractLoweredStudy, StartResult, window_solves
 from ..inference.fitting._batched_fit import run_block
 from ..inference.fitting._batched_trust_region import BatchedTrustRegion
 from ..inference.fitting._starts import start_points
+from ..store import Ledger
 from ._lowered_cache import fingerprint_of, lowered_from
 
 # What an item of a block holds besides its tags.
@@ -94,8 +95,6 @@ class BlockTask:
         self.fingerprint = None if isinstance(lowered, AbstractLoweredStudy) else fingerprint_of(lowered)
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
-        from ..inference import window_solves
-
         solves_before = window_solves()
         low, built = lowered_from(self.lowered, self.fingerprint)
         first, count, seed = int(item["first"]), int(item["count"]), int(item["seed"])
@@ -138,8 +137,6 @@ def block_starts(items: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
 def conflict_detail(ledger_path: Any, items: Sequence[Mapping[str, Any]]) -> str:
     """What changed between the blocks recorded in the ledger and ``items`` (their ``seed``,
     ``starts_per_block``, optimizer), in words; empty when the ledger does not say."""
-    from ..store import Ledger
-
     try:
         ledger = Ledger.load(ledger_path)
     except Exception:  # noqa: BLE001 (the detail must not hide the conflict itself)

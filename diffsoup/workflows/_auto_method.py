@@ -12,7 +12,10 @@ and pay the compilation for little), and ``fides`` otherwise.
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
+
+import jax
 
 AUTO_MIN_STARTS = 16
 """Starts from which ``auto`` takes the batched optimizer on a GPU (``BatchedTrustRegion``'s default lanes)."""
@@ -30,14 +33,10 @@ def default_backend(client: Any = None) -> str:
             found = []
         if found:
             return "gpu" if "gpu" in found else str(found[0])
-    import jax
-
     return jax.default_backend()
 
 
 def _worker_backend() -> str:
-    import jax
-
     return jax.default_backend()
 
 
@@ -59,8 +58,6 @@ def file_method(sf: Any) -> str | None:
     if getattr(sf, "petab", None) is not None:
         return None
     try:
-        import tomllib
-
         with open(sf.path, "rb") as f:
             fit = tomllib.load(f).get("fit", {})
     except Exception:  # noqa: BLE001 (a file read before, now gone or not TOML: its settings stand)
