@@ -157,7 +157,8 @@ def _work_per_value(study, sample: int = 256, dense_solve: str = "auto") -> dict
 
     s = jax.tree.map(np.asarray, stats(y0))
     n = problem.n_states
-    inverse = dense_solve == "inverse" or (dense_solve == "auto" and jax.default_backend() != "cpu")
+    path = getattr(problem.prepared, "path", dense_solve)  # Dense's "auto" is the LU above 64 states
+    inverse = path == "inverse" or (path == "auto" and jax.default_backend() != "cpu")
     per_factor = 2 / 3 * n**3 + (2 * n**3 if inverse else 0)
     per_exp = float(np.mean(s["n_factor"])) * per_factor + float(np.mean(s["n_solves"])) * 2 * n**2
     return dict(flops_per_experiment=per_exp, mean_steps=float(np.mean(s["n_steps"])),
