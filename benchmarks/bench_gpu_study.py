@@ -157,7 +157,8 @@ def _work_per_value(study, sample: int = 256, dense_solve: str = "auto") -> dict
 
     s = jax.tree.map(np.asarray, stats(y0))
     n = problem.n_states
-    inverse = dense_solve == "inverse" or (dense_solve == "auto" and jax.default_backend() != "cpu")
+    path = getattr(problem.prepared, "path", dense_solve)  # Dense's "auto" is the LU above 64 states
+    inverse = path == "inverse" or (path == "auto" and jax.default_backend() != "cpu")
     per_factor = 2 / 3 * n**3 + (2 * n**3 if inverse else 0)
     per_exp = float(np.mean(s["n_factor"])) * per_factor + float(np.mean(s["n_solves"])) * 2 * n**2
     return dict(flops_per_experiment=per_exp, mean_steps=float(np.mean(s["n_steps"])),
@@ -334,12 +335,12 @@ def main():
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
     out = Path(args.out) if args.out else RESULTS / f"bench_gpu_study_{'_'.join(args.part)}{'_quick' if q else ''}.json"
     # Peers that do not use Dense (diffrax, cuDSS) run with the first --dense-solve value only.
+    diffrax_sizes = args.diffrax_sizes or ([20] if q else [1000, 10000])
     runs = {
         "network": lambda first, *a, **kw: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]),
                                                         tuple(args.modes or MODES), *a, **kw),
         "sweep": lambda first, *a, **kw: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
-                                                    [20] if q else [1000, 10000],
-                                                    (args.diffrax_sizes or ([20] if q else [1000, 10000])) if first else [],
+                                                    [20] if q else [1000, 10000], diffrax_sizes if first else [],
                                                     *a, **kw),  # fmt: skip
         "brusselator": lambda first, *a, **kw: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]),
                                                                 *a, with_cudss=first, **kw),  # fmt: skip
@@ -364,12 +365,12 @@ def main():
 
 def _print_tables(payload):
     for r in payload.get("network", []):
-        print(f"network {r.get('dense_solve', ''):<7} {r['experiments']:>7} {r['mode']:<24} first {fmt(r['first_s'])} s  per call "
-              f"{fmt(r['per_call_s'])} s  chunks {r['chunk']}"
+        print(f"network {r.get('dense_solve', ''):<7} {r['experiments']:>7} {r['mode']:<24} first {fmt(r['first_s'])} s"
+              f"  per call {fmt(r['per_call_s'])} s  chunks {r['chunk']}"
               + (f"  {r['flop_rate'] / 1e9:.1f} GFLOP/s" if 'flop_rate' in r else ""))  # fmt: skip
     for r in payload.get("sweep", []):
-        print(f"sweep {r['what']:<34} {r.get('dense_solve', ''):<7} {r['experiments']:>6} {r['mode']:<15} chunk {str(r.get('chunk_size', '')):<8} "
-              f"per call {fmt(r['per_call_s'])} s")  # fmt: skip
+        print(f"sweep {r['what']:<34} {r.get('dense_solve', ''):<7} {r['experiments']:>6} {r['mode']:<15} "
+              f"chunk {str(r.get('chunk_size', '')):<8} per call {fmt(r['per_call_s'])} s")  # fmt: skip
     for r in payload.get("brusselator", []):
         print(f"brusselator N={r['grid']} {r['linear_solver']:<6} {r.get('dense_solve', ''):<7} " + (
             f"{r['mode']:<24} first {fmt(r['first_s'])} s  per call {fmt(r['per_call_s'])} s" if "mode" in r
@@ -378,8 +379,8 @@ def _print_tables(payload):
         print(f"dask {r['experiments']}: in-process {fmt(r['in_process_s'])} s, one worker {fmt(r['dask_worker_s'])} s "
               f"(x{r['ratio']:.2f})")  # fmt: skip
     for r in payload.get("early", []):
-        print(f"early {r.get('dense_solve', ''):<7} {r['study']:<34} per call {fmt(r['per_call_s'])} s chunks {r['chunks']} "
-              f"steps {r['steps_min']}-{r['steps_max']}")
+        print(f"early {r.get('dense_solve', ''):<7} {r['study']:<34} per call {fmt(r['per_call_s'])} s "
+              f"chunks {r['chunks']} steps {r['steps_min']}-{r['steps_max']}")
 
 
 if __name__ == "__main__":

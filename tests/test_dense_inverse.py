@@ -88,9 +88,12 @@ def test_several_right_hand_sides_at_once():
     prep, values, dense = prepared(INVERSE, _matrix())
     B = np.random.default_rng(1).standard_normal((12, 3))
     for transpose in (False, True):
-        x = jax.jit(lambda v, b: prep.solve(prep.factor(prep.begin(v), v, ("fp64",)), b, "fp64", transpose=transpose)[0])(
-            values, jnp.asarray(B)
-        )
+
+        def run(v, b):
+            fac = prep.factor(prep.begin(v), v, ("fp64",))
+            return prep.solve(fac, b, "fp64", transpose=transpose)[0]  # noqa: B023
+
+        x = jax.jit(run)(values, jnp.asarray(B))
         np.testing.assert_allclose(np.asarray(x), np.linalg.solve(dense.T if transpose else dense, B), atol=1e-13)
 
 
@@ -150,7 +153,8 @@ def test_e5_matches_the_lu_path_and_the_reference(rtol):
     atol = 1.1e-24  # as the Test Set's report runs E5
     ends = {}
     for name, solver in (("lu", LU), ("inverse", INVERSE)):
-        sol = ds.simulate(E5.build(linear_solver=solver), t_eval=np.array([1e13]), rtol=rtol, atol=atol, max_steps=100_000)
+        problem = E5.build(linear_solver=solver)
+        sol = ds.simulate(problem, t_eval=np.array([1e13]), rtol=rtol, atol=atol, max_steps=100_000)
         assert int(sol.status) == 0
         ends[name] = np.asarray(sol.ys[-1])
     # y2, y3 ~ 8.9e-23 (atol is 1.2 % of them): measured 0.7 % (rtol 1e-7) and 0.3 % apart.
@@ -228,3 +232,12 @@ def test_study_value_and_gradient_match_the_lu_path():
     # Measured: the network's states agree to 1e-14 relative on either path.
     assert abs(v_inv - v_lu) <= 1e-10 * abs(v_lu)
     np.testing.assert_allclose(g_inv, g_lu, rtol=1e-8, atol=1e-8 * np.max(np.abs(g_lu)))
+
+
+def test_auto_takes_the_lu_above_the_size_limit():
+    from diffsoup.linear._dense import AUTO_INVERSE_MAX_STATES
+
+    small = prepared(ds.linear.Dense(), _matrix(AUTO_INVERSE_MAX_STATES))[0]
+    large = prepared(ds.linear.Dense(), _matrix(AUTO_INVERSE_MAX_STATES + 1))[0]
+    forced = prepared(INVERSE, _matrix(AUTO_INVERSE_MAX_STATES + 1))[0]
+    assert (small.path, large.path, forced.path) == ("auto", "lu", "inverse")

@@ -23,7 +23,15 @@ How a solve uses the factors (``Dense.solve``):
   batched product; the factorization costs one more solve (``n`` columns at once), once per step.
 * ``"auto"`` (default): ``"lu"`` where the program runs on a CPU (results bit for bit those of the
   LU solve) and ``"inverse"`` on other platforms, chosen when the program is lowered for its
-  platform (``jax.lax.platform_dependent``): the compiled program holds one of the two.
+  platform (``jax.lax.platform_dependent``): the compiled program holds one of the two. Above
+  :data:`AUTO_INVERSE_MAX_STATES` states ``"auto"`` is the LU everywhere: forming the inverse
+  costs ``2 n^3`` more per factorization: for 10,000 lanes of 64 states 5 GFLOP, 0.2 ms at an
+  H200's float64 rate, against some 0.3 ms of the 64 triangular-solve kernels (5 us each) that a
+  Rodas5P step's 8 stage solves no longer launch, and growing as ``n^3`` beyond; an estimate, to
+  be replaced by a measurement (``bench_gpu_study.py --part brusselator --dense-solve lu inverse``:
+  128 and 512 states). On a CPU the inverse does not pay: LAPACK's per-lane triangular solves
+  make forming it cost about ``n`` vector solves (1,000 lanes of 32 states: factor and 8 solves
+  0.2 s against 0.025 s for the LU path).
 
 Numerics of the explicit inverse (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd
 ed., SIAM 2002, §14.1 and §14.3; ch. 12 for refinement): the computed ``x = fl(X b)`` has a forward
@@ -63,6 +71,8 @@ from ._minimum_degree import minimum_degree_order
 
 DENSE_REORDERINGS = ("amd", "natural")
 DENSE_SOLVES = ("auto", "lu", "inverse")
+# Largest system for which Dense(solve="auto") takes the inverse off the CPU (see the module notes).
+AUTO_INVERSE_MAX_STATES = 64
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -78,8 +88,8 @@ class Dense(AbstractLinearSolver):
             order here (a dense factor has no fill for nested dissection to save).
         solve: how a solve uses the LU: ``"lu"`` (triangular solves), ``"inverse"`` (the explicit
             inverse formed once per factorization, then one matrix-vector product per solve), or
-            ``"auto"`` (default: ``"lu"`` on a CPU, ``"inverse"`` elsewhere). See the module's
-            notes on the numerics.
+            ``"auto"`` (default: ``"lu"`` on a CPU, ``"inverse"`` elsewhere up to
+            :data:`AUTO_INVERSE_MAX_STATES` states). See the module's notes on the numerics.
         ir_tol: refinement target (see :class:`~diffsoup.linear.LinearSolver`).
         ir_max_steps: most refinement steps per solve.
 
@@ -135,6 +145,9 @@ class PreparedDense(AbstractPreparedSolver):
     Attributes:
         order: ``order[k]`` is the state eliminated ``k``-th (``P W P^T = W[order][:, order]``),
             or None for the natural order.
+        path: the solves' path, ``"lu"``, ``"inverse"`` or ``"auto"`` (the LU on a CPU, the
+            inverse elsewhere): ``Dense.solve``, with ``"auto"`` read as ``"lu"`` above
+            :data:`AUTO_INVERSE_MAX_STATES` states.
     """
 
     def __init__(self, solver, pattern, precision, elimination_order: str = "amd"):
@@ -152,6 +165,9 @@ class PreparedDense(AbstractPreparedSolver):
         self._order = None if self.order is None else jnp.asarray(self.order, jnp.int32)
         # P's columns, the right-hand sides that form the inverse: P b = b[order].
         self._p_matrix = np.eye(pattern.n) if self.order is None else np.eye(pattern.n)[self.order]
+        self.path = solver.solve
+        if self.path == "auto" and pattern.n > AUTO_INVERSE_MAX_STATES:
+            self.path = "lu"
 
     def _dense(self, values):
         """``P W P^T`` as an ``n x n`` array."""
@@ -161,10 +177,9 @@ class PreparedDense(AbstractPreparedSolver):
         """``Dense.solve``'s path (two functions of no arguments): one of them, or (``"auto"``)
         the LU on a CPU and the inverse elsewhere, picked when the program is lowered for its
         platform."""
-        choice = self.solver.solve
-        if choice == "lu":
+        if self.path == "lu":
             return lu_path()
-        if choice == "inverse":
+        if self.path == "inverse":
             return inverse_path()
         return jax.lax.platform_dependent(cpu=lu_path, default=inverse_path)
 
