@@ -14,6 +14,7 @@ the same process as its peers:
 * ``sweep``: 10,000 experiments, ``value_and_grad`` at chunk sizes 250 ... 10,000 against the
   default; diffrax ``Kvaerno5`` vmapped over the same experiments (same tolerances, its adjoint
   ``RecursiveCheckpointAdjoint``); diffsoup on the machine's CPU cores.
+* ``diffrax``: diffrax's rows of the sweep alone (``--diffrax-sizes``), to run with ``network``.
 * ``brusselator``: 1,000 experiments, N = 8 and 16, ``CuDSS`` and ``Dense``, the three modes.
 * ``dask``: 10,000 experiments through ``ds.distributed.run`` on one Dask GPU worker (embedded
   LocalCluster) against the same study in-process.
@@ -221,6 +222,14 @@ def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save, dense_solve
         save()
 
 
+def part_diffrax(sizes, rows, save):
+    """diffrax's rows alone (the peer of the network part), for a run that skips the sweep."""
+    for m in sizes:
+        _log(f"diffrax: {m} experiments")
+        rows += _diffrax_rows(m)
+        save()
+
+
 def _diffrax_rows(n):
     """diffrax Kvaerno5 vmapped over ``n`` experiments of the network: value (the same Gaussian
     NLL) and value_and_grad in the network's parameters."""
@@ -317,7 +326,7 @@ def part_early(n, rows, save, experiments_per_chunk=None, dense_solve="auto"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", nargs="+", default=["network"],
-                        choices=["network", "sweep", "brusselator", "dask", "early"])  # fmt: skip
+                        choices=["network", "sweep", "brusselator", "diffrax", "dask", "early"])  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
     parser.add_argument("--modes", nargs="+", choices=MODES, help="modes of the network part (default: all three)")
@@ -344,6 +353,7 @@ def main():
                                                     *a, **kw),  # fmt: skip
         "brusselator": lambda first, *a, **kw: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]),
                                                                 *a, with_cudss=first, **kw),  # fmt: skip
+        "diffrax": lambda first, *a, **kw: part_diffrax(diffrax_sizes if first else [], *a),
         "dask": lambda first, *a, **kw: part_dask(20 if q else 10000, *a, **kw),
         "early": lambda first, *a, **kw: part_early(args.early_size or (40 if q else 10000), *a,
                                                     experiments_per_chunk=args.experiments_per_chunk, **kw),
