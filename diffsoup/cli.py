@@ -23,8 +23,12 @@ import sys
 import threading
 from pathlib import Path
 
+import jax
+
 # The one vocabulary of ds.inference.Fides(hessian=...) (a module that imports nothing).
 from .inference.fitting._hessians import FIDES_HESSIANS
+from ._compilation_cache import enable_compilation_cache
+from ._settings import settings
 
 # diffsoup.inference.fitting._fit.METHODS, not imported here so that --help does not import JAX.
 FIT_METHODS = ("fides", "trf", "lbfgsb", "batched")
@@ -58,10 +62,7 @@ examples:
 
 
 def _enable_x64() -> None:
-    import jax
-
     jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points: float64 default
-    from ._compilation_cache import enable_compilation_cache
 
     enable_compilation_cache()  # programs kept on disk for the next run (JAX's own settings win)
     from .workflows._compile_progress import install_compile_progress
@@ -78,8 +79,6 @@ def _load(args):
 
 def _cluster(args):
     """A context manager yielding (client or None, dashboard or None)."""
-    import contextlib
-
     if args.in_process:
         return contextlib.nullcontext((None, None))
     from .distributed import cluster_client, read_slurm_profile
@@ -509,7 +508,6 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._settings import settings
     from .formats import StudyFileError
     from .store import LedgerConflictError
     from .workflows import StudyFailedError

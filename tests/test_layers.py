@@ -439,11 +439,6 @@ PENDING_OWNER_FILES: set[str] = {
     "diffsoup.inference.study._preequilibration", "diffsoup.inference.study._study",
     "diffsoup.inference.study._study_table", "diffsoup.store._ensemble_store", "diffsoup.store._results",
     "diffsoup.workflows._ensemble_runs",
-    # batched-dask
-    "diffsoup.cli", "diffsoup.distributed._start_runs", "diffsoup.inference.fitting._batched_trust_region",
-    "diffsoup.inference.fitting._trust_region_reflective", "diffsoup.workflows._study_runs",
-    # gpu
-    "diffsoup.linear", "diffsoup.linear._cudss", "diffsoup.linear._cudss_build", "diffsoup.linear._klu",
 }  # fmt: skip
 
 

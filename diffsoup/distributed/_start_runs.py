@@ -43,6 +43,8 @@ from ._campaign import checkpointed_map
 from ._lowered_cache import fingerprint_of, lowered_from
 from ._start_blocks import BLOCK_KEYS, BlockTask, block_items, block_starts, check_starts_per_block, conflict_detail
 from ._tasks import CampaignResult
+from ..inference import window_solves
+from ..inference.fitting._batched_fit import batched_result
 
 # The analytic parameters of the lowered study a process's tasks last used, found once per study
 # and choice: [lowered, choice, AnalyticParameters or None].
@@ -103,8 +105,6 @@ class StartTask:
         self.fingerprint = None if isinstance(lowered, AbstractLoweredStudy) else fingerprint_of(lowered)
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
-        from ..inference import window_solves
-
         solves_before = window_solves()
         low, built = lowered_from(self.lowered, self.fingerprint)
         index = int(item["index"])
@@ -248,8 +248,6 @@ def fit_of(plan: StartPlan, campaign: CampaignResult, *, seconds: float) -> FitR
         errors = "; ".join(str(r.error) for r in list(campaign.failures.values())[:3])
         raise RuntimeError(f"multistart: every {'block' if plan.blocks else 'start'} failed ({errors}).")
     if plan.blocks:
-        from ..inference.fitting._batched_fit import batched_result
-
         return batched_result(plan.lowered, plan.optimizer, ends, seconds=seconds, analytic=plan.found)
     return FitResult.from_starts(plan.lowered, ends, method=plan.optimizer.name, seconds=seconds,
                                  analytic=list(plan.analytic))  # fmt: skip

@@ -1,5 +1,7 @@
 """Linear solvers behind one interface: ``Dense``, ``KLU`` (CPU) and ``CuDSS`` (GPU)."""
 
+import jax
+
 from ._base import AbstractLinearSolver as AbstractLinearSolver
 from ._base import AbstractPreparedSolver as AbstractPreparedSolver
 from ._base import Factorization as Factorization
@@ -26,8 +28,6 @@ def default_solver(n_states: int, platform: str | None = None) -> LinearSolver:
     """The solver ``spec.build`` picks when none is given, by measured crossovers
     (:data:`DENSE_MAX_STATES`): dense LU up to 64 states on a CPU and 512 on a GPU; above that KLU
     on a CPU and cuDSS on a GPU where it can run (dense LU otherwise)."""
-    import jax
-
     platform = platform or jax.default_backend()
     if n_states <= DENSE_MAX_STATES.get(platform, DENSE_MAX_STATES["cpu"]):
         return Dense()

@@ -69,6 +69,8 @@ from jax.interpreters import batching, mlir
 
 from .._settings import settings as process_settings
 from ._base import AbstractLinearSolver, AbstractPreparedSolver
+from .._layout import Layout
+from . import _cudss_build as build
 
 REORDERINGS = {"amd": 0, "metis": 1}
 SLOTS = {"fp64": 0, "low": 1}
@@ -134,8 +136,6 @@ class CuDSS(AbstractLinearSolver):
             ValueError: if the result has a device memory limit without hybrid memory.
         """
         if layout is None:
-            from .._layout import Layout
-
             layout = Layout()
         reorder = self.reorder if self.reorder is not None else layout.reorder
         hybrid = self.hybrid_memory if self.hybrid_memory is not None else bool(layout.hybrid_memory)
@@ -179,8 +179,6 @@ _lib = None  # the loaded handler library (ctypes.CDLL), once load_binding() ran
 
 
 def _gpu_present() -> bool:
-    import jax
-
     try:
         return len(jax.devices("gpu")) > 0
     except RuntimeError:
@@ -221,8 +219,6 @@ def _preload_cuda_libraries(cudss_lib_dir) -> None:
 @functools.cache
 def cudss_unavailable_reason() -> str | None:
     """Why ``CuDSS`` cannot run in this process, or None if it can (cached)."""
-    from . import _cudss_build as build
-
     if not _gpu_present():
         return "JAX sees no CUDA GPU (jax.devices('gpu') is empty; install jax[cuda13] on a GPU machine)"
     cudss = build.find_cudss()
@@ -254,9 +250,6 @@ def load_binding():
     with _lock:
         if _lib is not None:
             return _lib
-        import jax
-
-        from . import _cudss_build as build
 
         cudss = build.find_cudss()
         if cudss is None:

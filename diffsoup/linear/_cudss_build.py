@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import jax
+
 from .._settings import settings
 
 SOURCE = Path(__file__).resolve().parent / "_cudss_ffi" / "diffsoup_cudss.cu"
@@ -158,8 +160,6 @@ def _nvcc_version(nvcc: Path) -> str:
 
 
 def _ffi_include_dir() -> Path:
-    import jax
-
     return Path(jax.ffi.include_dir())
 
 

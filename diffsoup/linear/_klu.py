@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple, final
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,8 +58,6 @@ class KLUFactors(NamedTuple):
 @final
 class PreparedKLU(AbstractPreparedSolver):
     def __init__(self, solver, pattern, precision):
-        import jax
-
         if not jax.config.values["jax_enable_x64"]:
             raise RuntimeError(
                 "ds.linear.KLU factors in float64 and keeps 64-bit handles, which need JAX's x64 mode: set "
@@ -124,8 +123,6 @@ class PreparedKLU(AbstractPreparedSolver):
 def _default_platform() -> str:
     """The platform JAX computes on by default: the ``jax.default_device`` in effect, else the
     default backend."""
-    import jax
-
     device = jax.config.values.get("jax_default_device")
     if device is None:
         return jax.default_backend()

@@ -29,6 +29,7 @@ import numpy as np
 from ._auto_method import choose_method, default_backend, file_method
 from ._honest_answers import check_tolerance, honest_entries
 from ._output_folder import check_output_folder
+from ..integrate import Status
 
 SUMMARY_FORMAT = "diffsoup.summary/1"
 CURVE_POINTS = 120
@@ -73,8 +74,6 @@ class StudyLowering:
 
 
 def _status_counts(predictions: Mapping[str, dict]) -> dict[str, int]:
-    from ..integrate import Status
-
     return dict(Counter(Status(int(p["status"])).name for p in predictions.values()))
 
 

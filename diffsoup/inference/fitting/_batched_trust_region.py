@@ -31,6 +31,7 @@ import math
 import time
 from typing import Any, Callable, ClassVar, NamedTuple
 
+import jax
 import numpy as np
 
 from ._optimizers import AbstractOptimizer, Outcome, StartObjective
@@ -170,8 +171,6 @@ MESSAGES = {
 @functools.lru_cache(maxsize=32)
 def _step_program(options: tuple):
     """The jitted iteration of every lane: :func:`lane_step` vmapped over the lanes."""
-    import jax
-
     def step(state, r, J, solved, lower, upper):
         return jax.vmap(lambda lane, r_, J_, s_: lane_step(lane, r_, J_, s_, lower, upper, options))(state, r, J, solved)
 
@@ -199,8 +198,6 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
     Returns:
         A :class:`LanesRun`.
     """
-    import jax
-
     starts = np.atleast_2d(np.asarray(starts, dtype=np.float64))
     N, k = starts.shape
     lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)

@@ -56,6 +56,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 EPS = float(np.finfo(np.float64).eps)
@@ -150,8 +152,6 @@ def empty_lanes(lanes: int, k: int) -> LaneState:
 def scaling_vector(x, g, lower, upper):
     """Coleman and Li's ``v`` (distance to the bound that ``-g`` points to; 1 if it is infinite)
     and ``dv`` (its derivative: -1, 0 or 1)."""
-    import jax.numpy as jnp
-
     to_upper = (g < 0) & jnp.isfinite(upper)
     to_lower = (g > 0) & jnp.isfinite(lower)
     v = jnp.where(to_upper, upper - x, jnp.where(to_lower, x - lower, 1.0))
@@ -162,8 +162,6 @@ def scaling_vector(x, g, lower, upper):
 def step_to_bound(x, s, lower, upper):
     """The largest ``t`` with ``x + t s`` in the box, and which coordinates meet a bound there
     (``sign(s)`` where they do, 0 elsewhere); ``inf`` for ``s = 0``."""
-    import jax.numpy as jnp
-
     moving = s != 0
     safe = jnp.where(moving, s, 1.0)
     steps = jnp.where(moving, jnp.maximum((lower - x) / safe, (upper - x) / safe), jnp.inf)
@@ -173,8 +171,6 @@ def step_to_bound(x, s, lower, upper):
 
 def to_sphere(p, s, radius):
     """The positive ``t`` with ``||p + t s|| = radius`` (``p`` inside the sphere)."""
-    import jax.numpy as jnp
-
     a, b, c = s @ s, p @ s, p @ p - radius**2
     d = jnp.sqrt(jnp.maximum(b * b - a * c, 0.0))
     q = -(b + jnp.where(b >= 0, d, -d))
@@ -197,8 +193,6 @@ def quadratic_1d(Hh, diag, g, s, s0):
 
 def minimize_1d(a, b, lo, hi, c=0.0):
     """The minimizer of ``a t^2 + b t + c`` on ``[lo, hi]`` and its value."""
-    import jax.numpy as jnp
-
     extremum = -0.5 * b / jnp.where(a != 0, a, 1.0)
     inside = (a != 0) & (lo < extremum) & (extremum < hi)
     t = jnp.stack([lo, hi, jnp.where(inside, extremum, lo)])
@@ -211,9 +205,6 @@ def subproblem(w, V, q, radius, alpha, m):
     """The trust-region step ``p`` minimizing ``0.5 p^T B p + q'^T p`` over ``||p|| <= radius``,
     given ``B = V diag(w) V^T`` and ``q = V^T q'``, and its Levenberg-Marquardt parameter (Moré's
     method as scipy's ``solve_lsq_trust_region``, ``alpha`` the last one as its start)."""
-    import jax
-    import jax.numpy as jnp
-
     w = jnp.maximum(w, 0.0)
     n = w.shape[0]
     s = jnp.sqrt(w)
@@ -254,8 +245,6 @@ def subproblem(w, V, q, radius, alpha, m):
 def select_step(x, Hh, diag, g_h, p, p_h, d, radius, lower, upper, theta):
     """The reflective choice among the cut trust-region step, the reflected step and the scaled
     Cauchy step (scipy's ``select_step``): ``(step, step in x^, predicted reduction)``."""
-    import jax.numpy as jnp
-
     inside = jnp.all((x + p >= lower) & (x + p <= upper))
     inside_value = quadratic(Hh, diag, g_h, p_h)
 
@@ -298,8 +287,6 @@ def select_step(x, Hh, diag, g_h, p, p_h, d, radius, lower, upper, theta):
 
 def strictly_feasible(x, lower, upper):
     """``x`` moved off any bound it lies on, by one floating-point step inwards."""
-    import jax.numpy as jnp
-
     x = jnp.where(x <= lower, jnp.nextafter(lower, upper), jnp.where(x >= upper, jnp.nextafter(upper, lower), x))
     return jnp.where((x < lower) | (x > upper), 0.5 * (lower + upper), x)
 
@@ -307,8 +294,6 @@ def strictly_feasible(x, lower, upper):
 def propose(x, g, H, radius, alpha, lower, upper, m):
     """The next trial point from ``x`` (scipy's inner step): ``(trial, predicted reduction, step
     norm, step norm in x^, alpha)``."""
-    import jax.numpy as jnp
-
     v, dv = scaling_vector(x, g, lower, upper)
     g_norm = jnp.max(jnp.abs(g * v))
     d = jnp.sqrt(v)
@@ -325,8 +310,6 @@ def propose(x, g, H, radius, alpha, lower, upper, m):
 
 def initial_radius(x, g, lower, upper, given):
     """scipy's first radius ``||x / v^1/2||`` (1 where that is 0), or ``given`` when positive."""
-    import jax.numpy as jnp
-
     v, _ = scaling_vector(x, g, lower, upper)
     radius = jnp.linalg.norm(x / jnp.sqrt(v))
     radius = jnp.where(radius > 0, radius, 1.0)
@@ -340,8 +323,6 @@ def lane_step(lane: LaneState, r, J, solved, lower, upper, options: tuple) -> La
 
     ``options``: ``(ftol, xtol, gtol, max_evaluations, max_failed_in_a_row, first_radius,
     stall_rtol, stall_window)``."""
-    import jax.numpy as jnp
-
     ftol, xtol, gtol, max_evaluations, max_failed_in_a_row, first_radius, stall_rtol, stall_window = options
     m = r.shape[0]
     cost_t, g_t, H_t = 0.5 * (r @ r), J.T @ r, J.T @ J
