@@ -66,8 +66,7 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         log("[diffsoup] waiting for the first Dask worker ...")
         client.wait_for_workers(1)
     names = {tuple(v) for v in sf.observables.values()}
-    arrays = sf.study.arrays
-    k = arrays.shape[2] if arrays is not None else max(e.n_observables for e in sf.study.experiments)
+    k = sf.study.n_observables
     output_names = next(iter(names)) if len(names) == 1 and len(next(iter(names))) == k else None
     ens = ensemble(sf.study, params=draws, solver=sf.solver, draws_per_chunk=draws_per_chunk, output_names=output_names,
                    client=client)  # fmt: skip

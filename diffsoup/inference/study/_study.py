@@ -12,6 +12,7 @@ from ._experiment import Experiment
 from ._experiment_arrays import ExperimentArrays, ExperimentViews
 from ._experiment_resolution import check_experiment_levels, check_functions, observable_count, resolve_experiment
 from ._noise import Gaussian
+from ._row_index import row_index_of_arrays, row_index_of_experiments
 from ._parameter import EXPERIMENT_LEVEL, SCALES, Entry, Parameter, ParameterError  # noqa: F401 (re-exported)
 
 
@@ -99,8 +100,10 @@ class Study:
                 )
         if self.arrays is None:
             check_experiment_levels(self)
+            self.rows = row_index_of_experiments(self.experiments, self.levels)
         else:
             check_levels(self.arrays, self.levels)
+            self.rows = row_index_of_arrays(self.arrays)
         self.table = {p.name: p for p in self.parameters}
         self.entries = self._expand()
         self.entry_names = tuple(e.name for e in self.entries)
@@ -228,23 +231,37 @@ class Study:
     @property
     def ids(self) -> tuple:
         """The experiment ids in study order."""
-        if self.arrays is not None:
-            return tuple(self.arrays.ids.tolist())
-        return tuple(e.id for e in self.experiments)
+        return self.rows.ids
 
     @property
     def n_measured(self) -> int:
         """The measured (finite) values of all experiments."""
-        if self.arrays is not None:
-            return int(np.isfinite(self.arrays.data).sum())
-        return sum(e.n_measured for e in self.experiments)
+        return self.rows.n_measured
+
+    @property
+    def n_observables(self) -> int:
+        """The most observables an experiment of the study has (``k`` of a study held as arrays)."""
+        return self.rows.n_observables
+
+    @property
+    def shooting(self) -> tuple:
+        """The study indices of the experiments solved by multiple shooting (a ``Multishoot``)."""
+        return self.rows.shooting
+
+    def times_of(self, i: int) -> np.ndarray:
+        """The measurement times of experiment ``i`` (a study index)."""
+        return self.rows.times_of(i)
+
+    def shape_examples(self) -> tuple:
+        """One experiment of each distinct shape (observables, noise): what holds for it holds for
+        the experiments of its shape (every experiment of a study of objects; the first of a study
+        held as arrays)."""
+        return tuple(self.experiments[i] for i in self.rows.shape_examples)
 
     def index_of(self, experiment_id: str) -> int | None:
         """The study index of an experiment id (None if unknown)."""
-        if self.arrays is not None:
-            return self.arrays.index_of(experiment_id)
         if getattr(self, "_id_index", None) is None:
-            self._id_index = {e.id: i for i, e in enumerate(self.experiments)}
+            self._id_index = {eid: i for i, eid in enumerate(self.rows.ids)}
         return self._id_index.get(experiment_id)
 
     def _check_array_functions(self) -> None:
@@ -266,9 +283,7 @@ class Study:
             return self.ids
         if level not in self.levels:
             raise ValueError(f"Study: unknown level {level!r}; levels are {self.levels}.")
-        if self.arrays is not None:
-            return self.arrays.groups[level][1]
-        return tuple(dict.fromkeys(e.groups[level] for e in self.experiments))
+        return self.rows.members[level]
 
     def _expand(self):
         out = []
