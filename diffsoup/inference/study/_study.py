@@ -33,7 +33,12 @@ class Study:
     Attributes:
         arrays: the experiments' arrays (``ExperimentArrays``) of a study built by
             :meth:`from_arrays`/:meth:`from_table`, else None; ``array_plan`` where its numbers
-            come from (the vectorized ``resolved``).
+            come from (the vectorized ``resolved``). Only construction and the objective's
+            reader of rows (``objective._study_rows``) look at it.
+        rows: what the study knows of its rows whichever way it holds them (a ``RowIndex``: ids,
+            padded times with an experiment axis, counts, level members, multiple-shooting rows);
+            ``ids``, ``n_measured``, ``n_observables``, ``shooting``, :meth:`times_of`,
+            :meth:`members`, :meth:`index_of` and :meth:`shape_examples` read it.
         ids: the experiment ids in study order (:meth:`index_of` finds one).
         entries: the expanded study parameters (one per parameter, or per member of its level).
         entry_names: their names.
