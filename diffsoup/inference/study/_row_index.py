@@ -10,15 +10,14 @@ never which way it holds its rows.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Mapping, Sequence
+import functools
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ._experiment_arrays import ExperimentArrays
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class RowIndex:
     """A study's rows.
 
@@ -32,16 +31,25 @@ class RowIndex:
         shooting: the rows of experiments solved by multiple shooting (a ``Multishoot``).
         shape_examples: one row for each distinct shape of experiment (observables, noise), to
             check what holds for all experiments of that shape.
+
+    ``ids`` and ``n_measured`` may be given as functions, computed on first use (a study of many
+    experiments held as arrays stays cheap to build).
     """
 
-    ids: tuple
-    times: np.ndarray
-    n_times: np.ndarray
-    n_observables: int
-    n_measured: int
-    members: Mapping[str, tuple]
-    shooting: tuple = ()
-    shape_examples: tuple = (0,)
+    def __init__(self, *, ids: tuple | Callable[[], tuple], times: np.ndarray, n_times: np.ndarray,
+                 n_observables: int, n_measured: int | Callable[[], int], members: Mapping[str, tuple],
+                 shooting: tuple = (), shape_examples: tuple = (0,)):  # fmt: skip
+        self._ids, self._n_measured = ids, n_measured
+        self.times, self.n_times, self.n_observables = times, n_times, int(n_observables)
+        self.members, self.shooting, self.shape_examples = members, tuple(shooting), tuple(shape_examples)
+
+    @functools.cached_property
+    def ids(self) -> tuple:
+        return tuple(self._ids() if callable(self._ids) else self._ids)
+
+    @functools.cached_property
+    def n_measured(self) -> int:
+        return int(self._n_measured() if callable(self._n_measured) else self._n_measured)
 
     def times_of(self, row: int) -> np.ndarray:
         """The measurement times of experiment ``row`` (unpadded)."""
@@ -53,8 +61,8 @@ def row_index_of_arrays(arrays: ExperimentArrays) -> RowIndex:
     E, m, _ = arrays.shape
     n_times = arrays.n_times if arrays.n_times is not None else np.full(E, m, dtype=np.int32)
     return RowIndex(
-        ids=tuple(arrays.ids.tolist()), times=arrays.times, n_times=n_times, n_observables=arrays.shape[2],
-        n_measured=int(np.isfinite(arrays.data).sum()),
+        ids=lambda: arrays.ids.tolist(), times=arrays.times, n_times=n_times, n_observables=arrays.shape[2],
+        n_measured=lambda: np.isfinite(arrays.data).sum(),
         members={level: members for level, (_, members) in arrays.groups.items()},
     )  # fmt: skip
 
