@@ -23,9 +23,15 @@ the same process as its peers:
   same study with every experiment short: what lock-step lanes cost and what regrouping by steps
   gives back.
 
+Every ``Dense`` solver takes ``--dense-solve`` (``ds.linear.Dense(solve=...)``: ``auto``, the
+default, is the explicit inverse on a GPU and the LU's triangular solves on a CPU; ``lu``;
+``inverse``); several values run every part once per value in the same process, each row tagged
+with its ``dense_solve`` (diffrax's rows once).
+
 Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (parts as
 above; ``--quick`` shrinks every size for a CPU smoke run; ``--sizes 1000000 --modes
-value_and_grad`` for one mode of the network part). Writes
+value_and_grad`` for one mode of the network part; ``--dense-solve lu inverse`` for both paths
+of the dense solves). Writes
 ``benchmarks/results/bench_gpu_study_<parts>.json`` (or ``--out``) and prints a table per part.
 """
 
@@ -50,6 +56,7 @@ from diffsoup.inference import Gaussian, Parameter, SolverOptions  # noqa: E402
 RTOL, ATOL = 1e-6, 1e-9
 TIMES = np.array([0.2, 1.0, 3.0, 6.0])
 MODES = ("value", "value_and_grad", "residuals_and_jacobian")
+DENSE_SOLVES = ("auto", "lu", "inverse")  # ds.linear.Dense(solve=...)
 # Float64 peaks (FLOP/s) by device name: H200 SXM, vector units and tensor cores (NVIDIA's sheet).
 FP64_PEAK = {"H200": (34e12, 67e12), "H100": (34e12, 67e12)}
 
@@ -75,17 +82,18 @@ def _timed(fn, repeats: int = 3, budget_s: float = 30.0):
 # ---- studies --------------------------------------------------------------------------------------
 
 
-def _network_problem():
+def _network_problem(dense_solve: str = "auto"):
     from diffsoup.examples import mass_action_network
 
     net = mass_action_network(20, 25, seed=3)
-    return net, net.to_spec(y0=np.ones(20)).build(linear_solver=ds.linear.Dense())
+    return net, net.to_spec(y0=np.ones(20)).build(linear_solver=ds.linear.Dense(solve=dense_solve))
 
 
-def network_study(n: int, *, slow_fraction: float = 0.0, problem=None):
+def network_study(n: int, *, slow_fraction: float = 0.0, problem=None, dense_solve: str = "auto"):
     """``n`` experiments of the 20-species network, each with its own initial state; a
-    ``slow_fraction`` of them with every rate constant ten times larger (ten times the steps)."""
-    net, built = _network_problem()
+    ``slow_fraction`` of them with every rate constant ten times larger (ten times the steps);
+    ``dense_solve`` is the ``Dense(solve=...)`` of the network's solves."""
+    net, built = _network_problem(dense_solve)
     problem = problem or built
     rng = np.random.default_rng(0)
     y0s = rng.uniform(0.2, 2.0, (n, 20))
@@ -133,9 +141,11 @@ def _modes(lowered, modes=MODES, repeats=3):
     return rows
 
 
-def _work_per_value(study, sample: int = 256) -> dict:
+def _work_per_value(study, sample: int = 256, dense_solve: str = "auto") -> dict:
     """Floating-point work of one value evaluation, estimated from the steps a sample of the
-    experiments takes: per LU ``2/3 n^3``, per triangular solve ``2 n^2`` (dense factors)."""
+    experiments takes: per LU ``2/3 n^3``, per solve ``2 n^2`` (dense factors: two triangular
+    solves, or one product with the inverse), and where the inverse is formed (``dense_solve``
+    ``"inverse"``, or ``"auto"`` off the CPU) ``2 n^3`` more per factorization."""
     problem = study.problem
     exps = [study.experiments[i] for i in range(min(sample, len(study)))]
     y0 = jnp.asarray(np.stack([np.asarray(problem.spec.y0 if e.y0 is None else e.y0, float) for e in exps]))
@@ -147,7 +157,9 @@ def _work_per_value(study, sample: int = 256) -> dict:
 
     s = jax.tree.map(np.asarray, stats(y0))
     n = problem.n_states
-    per_exp = float(np.mean(s["n_factor"])) * 2 / 3 * n**3 + float(np.mean(s["n_solves"])) * 2 * n**2
+    inverse = dense_solve == "inverse" or (dense_solve == "auto" and jax.default_backend() != "cpu")
+    per_factor = 2 / 3 * n**3 + (2 * n**3 if inverse else 0)
+    per_exp = float(np.mean(s["n_factor"])) * per_factor + float(np.mean(s["n_solves"])) * 2 * n**2
     return dict(flops_per_experiment=per_exp, mean_steps=float(np.mean(s["n_steps"])),
                 mean_factorizations=float(np.mean(s["n_factor"])))  # fmt: skip
 
@@ -155,19 +167,19 @@ def _work_per_value(study, sample: int = 256) -> dict:
 # ---- parts ------------------------------------------------------------------------------------------
 
 
-def part_network(sizes, modes, out, save):
+def part_network(sizes, modes, out, save, dense_solve="auto"):
     peak = next((v for k, v in FP64_PEAK.items() if k in str(jax.devices()[0].device_kind)), None)
     for n in sizes:
-        _log(f"network: {n} experiments (building)")
+        _log(f"network: {n} experiments (building), Dense(solve={dense_solve!r})")
         t = time.perf_counter()
-        study = network_study(n)
+        study = network_study(n, dense_solve=dense_solve)
         build_s = time.perf_counter() - t
         lowered = ds.lower(study, solver=SolverOptions(rtol=RTOL, atol=ATOL))
         rows = _modes(lowered, modes)
         for r in rows:
             r.update(experiments=n, build_s=build_s)
         if rows[0]["mode"] == "value":
-            work = _work_per_value(study)
+            work = _work_per_value(study, dense_solve=dense_solve)
             value_s = rows[0]["per_call_s"]
             flops = work["flops_per_experiment"] * n
             rows[0].update(work, flops_per_value=flops, flop_rate=flops / value_s,
@@ -176,9 +188,9 @@ def part_network(sizes, modes, out, save):
         save()
 
 
-def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save):
-    _log(f"sweep: {n} experiments")
-    study = network_study(n)
+def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save, dense_solve="auto"):
+    _log(f"sweep: {n} experiments, Dense(solve={dense_solve!r})")
+    study = network_study(n, dense_solve=dense_solve)
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
     for chunk in [None, *chunk_sizes]:
         lowered = ds.lower(study, solver=solver, experiments_per_chunk=chunk)
@@ -199,7 +211,7 @@ def part_sweep(n, chunk_sizes, cpu_sizes, diffrax_sizes, rows, save):
             save()
             continue
         with jax.default_device(cpu):
-            lowered = ds.lower(network_study(m), solver=solver)
+            lowered = ds.lower(network_study(m, dense_solve=dense_solve), solver=solver)
             first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal), repeats=1, budget_s=1)
         rows.append(dict(what=f"diffsoup on the CPU ({os.cpu_count()} cores)", experiments=m, mode="value_and_grad",
                          first_s=first, per_call_s=per_call, chunks=lowered.chunk_sizes["value_and_grad"]))  # fmt: skip
@@ -238,10 +250,11 @@ def _diffrax_rows(n):
     return rows
 
 
-def part_brusselator(n, grids, rows, save):
+def part_brusselator(n, grids, rows, save, dense_solve="auto", with_cudss=True):
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
     for grid in grids:
-        for name, lin in (("CuDSS", ds.linear.CuDSS()), ("Dense", ds.linear.Dense())):
+        linear = (("CuDSS", ds.linear.CuDSS()),) if with_cudss else ()
+        for name, lin in linear + (("Dense", ds.linear.Dense(solve=dense_solve)),):
             _log(f"brusselator N={grid} {name}: {n} experiments")
             try:
                 lowered = ds.lower(brusselator_study(grid, n, lin), solver=solver)
@@ -253,8 +266,8 @@ def part_brusselator(n, grids, rows, save):
             save()
 
 
-def part_dask(n, rows, save):
-    study = network_study(n)
+def part_dask(n, rows, save, dense_solve="auto"):
+    study = network_study(n, dense_solve=dense_solve)
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
     lowered = ds.lower(study, solver=solver)
     _, in_process = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
@@ -267,10 +280,10 @@ def part_dask(n, rows, save):
     save()
 
 
-def early_study(n: int, slow_every: int):
+def early_study(n: int, slow_every: int, dense_solve: str = "auto"):
     """``n`` Brusselators (N = 4) measured at t = 1, 2; every ``slow_every``-th (0: none) at t = 35,
     70: ten times the steps, on the limit cycle."""
-    problem = ds.examples.brusselator_2d(4).build(linear_solver=ds.linear.Dense())
+    problem = ds.examples.brusselator_2d(4).build(linear_solver=ds.linear.Dense(solve=dense_solve))
     u0 = np.asarray(problem.spec.y0)
     rng = np.random.default_rng(2)
     exps = [ds.Experiment(f"b{i}", np.array([35.0, 70.0]) if slow_every and i % slow_every == 0 else np.array([1.0, 2.0]),
@@ -279,7 +292,7 @@ def early_study(n: int, slow_every: int):
     return ds.Study(problem, exps, [Parameter("A", 3.4, 1.0, 10.0), Parameter("alpha", 10.0, 1.0, 100.0)])
 
 
-def part_early(n, rows, save, experiments_per_chunk=None):
+def part_early(n, rows, save, experiments_per_chunk=None, dense_solve="auto"):
     """Lock-step lanes: in study order every chunk holds slow lanes and runs as long as its slowest;
     after ``lowered.balance()`` (experiments sorted by the steps of one evaluation, no
     recompilation) the slow ones share chunks of their own."""
@@ -287,7 +300,8 @@ def part_early(n, rows, save, experiments_per_chunk=None):
     cases = (("all short", 0, False), ("a tenth 10x longer, study order", 10, False),
              ("a tenth 10x longer, balance()", 10, True))  # fmt: skip
     for label, slow_every, balanced in cases:
-        lowered = ds.lower(early_study(n, slow_every), solver=solver, experiments_per_chunk=experiments_per_chunk)
+        lowered = ds.lower(early_study(n, slow_every, dense_solve), solver=solver,
+                           experiments_per_chunk=experiments_per_chunk)  # fmt: skip
         if balanced:
             lowered.balance()
         first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
@@ -312,46 +326,59 @@ def main():
     parser.add_argument("--early-size", type=int, help="experiments of the early part (default 10000; --quick 40)")
     parser.add_argument("--experiments-per-chunk", "--chunk-size", type=int, dest="experiments_per_chunk",
                         help="experiments per chunk of the early part (default: ds.lower's choice)")  # fmt: skip
+    parser.add_argument("--dense-solve", nargs="+", choices=DENSE_SOLVES, default=["auto"],
+                        help="Dense(solve=...) of the Dense studies; several run every part once per value "
+                             "(auto: the inverse on a GPU, the LU on a CPU)")  # fmt: skip
     args = parser.parse_args()
     q = args.quick
     payload = {"machine": machine_info(), "device": str(jax.devices()[0].device_kind), "rtol": RTOL, "atol": ATOL}
     out = Path(args.out) if args.out else RESULTS / f"bench_gpu_study_{'_'.join(args.part)}{'_quick' if q else ''}.json"
+    # Peers that do not use Dense (diffrax, cuDSS) run with the first --dense-solve value only.
     runs = {
-        "network": lambda *a: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]),
-                                           tuple(args.modes or MODES), *a),
-        "sweep": lambda *a: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
-                                       [20] if q else [1000, 10000],
-                                       args.diffrax_sizes or ([20] if q else [1000, 10000]), *a),  # fmt: skip
-        "brusselator": lambda *a: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]), *a),
-        "dask": lambda *a: part_dask(20 if q else 10000, *a),
-        "early": lambda *a: part_early(args.early_size or (40 if q else 10000), *a,
-                                        experiments_per_chunk=args.experiments_per_chunk),
+        "network": lambda first, *a, **kw: part_network(args.sizes or ([20, 50] if q else [1000, 10000, 100000]),
+                                                        tuple(args.modes or MODES), *a, **kw),
+        "sweep": lambda first, *a, **kw: part_sweep(40 if q else 10000, [10, 40] if q else [1000, 2500, 10000],
+                                                    [20] if q else [1000, 10000],
+                                                    (args.diffrax_sizes or ([20] if q else [1000, 10000])) if first else [],
+                                                    *a, **kw),  # fmt: skip
+        "brusselator": lambda first, *a, **kw: part_brusselator(4 if q else 1000, args.grids or ([4] if q else [8, 16]),
+                                                                *a, with_cudss=first, **kw),  # fmt: skip
+        "dask": lambda first, *a, **kw: part_dask(20 if q else 10000, *a, **kw),
+        "early": lambda first, *a, **kw: part_early(args.early_size or (40 if q else 10000), *a,
+                                                    experiments_per_chunk=args.experiments_per_chunk, **kw),
     }
-    for part in args.part:
-        # Rows are written as they come: a device call cut short keeps what it measured.
-        payload[part] = []
-        runs[part](payload[part], lambda: write_json(out, payload))
+    payload["dense_solve"] = list(args.dense_solve)
+    for k, dense_solve in enumerate(args.dense_solve):
+        for part in args.part:
+            # Rows are written as they come: a device call cut short keeps what it measured.
+            rows = payload.setdefault(part, [])
+            start = len(rows)
+            runs[part](k == 0, rows, lambda: write_json(out, payload), dense_solve=dense_solve)
+            for r in rows[start:]:
+                if r.get("linear_solver", "Dense") == "Dense" and "diffrax" not in str(r.get("what", "")):
+                    r["dense_solve"] = dense_solve
+            write_json(out, payload)
     _print_tables(payload)
     print(f"wrote {out}")
 
 
 def _print_tables(payload):
     for r in payload.get("network", []):
-        print(f"network {r['experiments']:>7} {r['mode']:<24} first {fmt(r['first_s'])} s  per call "
+        print(f"network {r.get('dense_solve', ''):<7} {r['experiments']:>7} {r['mode']:<24} first {fmt(r['first_s'])} s  per call "
               f"{fmt(r['per_call_s'])} s  chunks {r['chunk']}"
               + (f"  {r['flop_rate'] / 1e9:.1f} GFLOP/s" if 'flop_rate' in r else ""))  # fmt: skip
     for r in payload.get("sweep", []):
-        print(f"sweep {r['what']:<34} {r['experiments']:>6} {r['mode']:<15} chunk {str(r.get('chunk_size', '')):<8} "
+        print(f"sweep {r['what']:<34} {r.get('dense_solve', ''):<7} {r['experiments']:>6} {r['mode']:<15} chunk {str(r.get('chunk_size', '')):<8} "
               f"per call {fmt(r['per_call_s'])} s")  # fmt: skip
     for r in payload.get("brusselator", []):
-        print(f"brusselator N={r['grid']} {r['linear_solver']:<6} " + (
+        print(f"brusselator N={r['grid']} {r['linear_solver']:<6} {r.get('dense_solve', ''):<7} " + (
             f"{r['mode']:<24} first {fmt(r['first_s'])} s  per call {fmt(r['per_call_s'])} s" if "mode" in r
             else f"FAILED {r['error'][:200]}"))  # fmt: skip
     for r in payload.get("dask", []):
         print(f"dask {r['experiments']}: in-process {fmt(r['in_process_s'])} s, one worker {fmt(r['dask_worker_s'])} s "
               f"(x{r['ratio']:.2f})")  # fmt: skip
     for r in payload.get("early", []):
-        print(f"early {r['study']:<34} per call {fmt(r['per_call_s'])} s chunks {r['chunks']} "
+        print(f"early {r.get('dense_solve', ''):<7} {r['study']:<34} per call {fmt(r['per_call_s'])} s chunks {r['chunks']} "
               f"steps {r['steps_min']}-{r['steps_max']}")
 
 

@@ -15,6 +15,10 @@ the Python source line that emitted it. The report gives, per mode:
   the LU, the right-hand side, the Jacobian's columns, the controller, the output;
 * the while-loop bodies of the compiled program: instructions that launch kernels per iteration.
 
+``--dense-solve lu inverse`` profiles the network's dense solves both ways in one run
+(``ds.linear.Dense(solve=...)``; ``auto``, the default, is the explicit inverse on a GPU and the
+LU's triangular solves on a CPU); every row names its ``dense_solve``.
+
 Run (GPU machine): ``python benchmarks/profile_gpu_step.py --experiments 10000`` (``--quick``: 200
 experiments, a CPU smoke run). Writes ``benchmarks/results/profile_gpu_step.json`` (or
 ``--out``) and the raw trace under ``--trace-dir``.
@@ -39,7 +43,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import diffsoup as ds  # noqa: E402
-from bench_gpu_study import ATOL, RTOL, network_study  # noqa: E402
+from bench_gpu_study import ATOL, DENSE_SOLVES, RTOL, network_study  # noqa: E402
 from diffsoup.inference import SolverOptions  # noqa: E402
 
 MODES = ("value", "value_and_grad", "residuals_and_jacobian")
@@ -199,20 +203,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200 experiments (a CPU smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS / "profile_gpu_step.json")
     parser.add_argument("--trace-dir", type=Path, default=None, help="where the raw traces go (default: a temporary folder)")
+    parser.add_argument("--dense-solve", nargs="+", choices=DENSE_SOLVES, default=["auto"],
+                        help="Dense(solve=...) of the network; several are profiled one after the other "
+                             "(auto: the inverse on a GPU, the LU on a CPU)")  # fmt: skip
     args = parser.parse_args()
     n = 200 if args.quick else args.experiments
     trace_root = args.trace_dir or Path(tempfile.mkdtemp(prefix="diffsoup-trace-"))
     _log(f"network study, {n} experiments, on {jax.devices()[0].device_kind}")
-    lowered = ds.lower(network_study(n), solver=SolverOptions(rtol=RTOL, atol=ATOL))
     rows = []
-    for mode in args.modes:
-        rows.append(profile_mode(lowered, mode, trace_root))
-        r = rows[-1]
-        _log(f"{mode}: {r['wall_s']:.3f} s, {r['kernels']} kernels, device busy {r['device_busy']:.0%}, "
-             f"{r['lockstep_iterations']} lock-step iterations, {r['kernels_per_step']:.1f} kernels and "
-             f"{r['us_per_step']:.1f} us per step")  # fmt: skip
-        for s in r["by_source"][:12]:
-            print(f"    {s['share']:6.1%} {s['device_us'] / 1e3:9.2f} ms {s['kernels']:8d} kernels  {s['source']}")
+    for dense_solve in args.dense_solve:
+        lowered = ds.lower(network_study(n, dense_solve=dense_solve), solver=SolverOptions(rtol=RTOL, atol=ATOL))
+        for mode in args.modes:
+            rows.append(dict(dense_solve=dense_solve, **profile_mode(lowered, mode, trace_root / dense_solve)))
+            r = rows[-1]
+            _log(f"Dense(solve={dense_solve!r}) {mode}: {r['wall_s']:.3f} s, {r['kernels']} kernels, device busy "
+                 f"{r['device_busy']:.0%}, {r['lockstep_iterations']} lock-step iterations, "
+                 f"{r['kernels_per_step']:.1f} kernels and {r['us_per_step']:.1f} us per step")  # fmt: skip
+            for s in r["by_source"][:12]:
+                print(f"    {s['share']:6.1%} {s['device_us'] / 1e3:9.2f} ms {s['kernels']:8d} kernels  {s['source']}")
     write_json(args.out, dict(machine=machine_info(), experiments=n, rtol=RTOL, atol=ATOL, rows=rows,
                               trace_dir=str(trace_root)))  # fmt: skip
     _log(f"wrote {args.out}")

@@ -25,6 +25,8 @@ import threading
 import warnings
 from pathlib import Path
 
+import jax
+
 from ._settings import settings
 
 # Programs that compile faster than this are not written to the cache. diffsoup's study and
@@ -75,8 +77,6 @@ def enable_compilation_cache(
                 f"enable_compilation_cache: min_compile_seconds={min_compile_seconds!r} must be a finite number "
                 ">= 0 (0 writes every program to the cache)."
             )
-    import jax
-
     with _lock:
         if not jax.config.jax_enable_compilation_cache:
             return None

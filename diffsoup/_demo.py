@@ -7,6 +7,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import diffsoup as ds
+
+from ._compilation_cache import enable_compilation_cache
+
 
 def _timed(fn):
     start = time.perf_counter()
@@ -20,23 +28,13 @@ def _timed(fn):
 
 
 def _block(tree):
-    import jax
-
     jax.block_until_ready(tree)
 
 
 def run(n_grid: int = 32, out=print) -> list[dict]:
     """Solve ROBER (Test Set for IVP Solvers) and the 2-D Brusselator, print a table, return its rows."""
-    import jax
-
     jax.config.update("jax_enable_x64", True)  # an entry point of diffsoup's own: float64 is the default policy
-    from ._compilation_cache import enable_compilation_cache
-
     enable_compilation_cache()
-    import jax.numpy as jnp
-    import numpy as np
-
-    import diffsoup as ds
     from diffsoup.examples import BRUSSELATOR_U00_REFERENCE, ROBER_REFERENCE, brusselator_2d, rober, scd
 
     out(f"diffsoup {ds.__version__} demo on {jax.devices()[0].platform.upper()} "
@@ -96,8 +94,6 @@ def run_study(directory, *, n_experiments: int = 24, in_process: bool = False, w
     """The main job: write the demo study file (an enzyme with substrate inhibition, synthetic
     data) into ``directory``, fit it as ``diffsoup fit`` does -- on the embedded default, a local
     Dask cluster, unless ``in_process`` -- and print true vs recovered rate constants."""
-    import numpy as np
-
     from ._demo_study import TRUTH, write_demo_study
     from .workflows import fit_study
 

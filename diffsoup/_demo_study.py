@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
+
+import diffsoup as ds
 
 # Rate constants of the synthetic truth: binding and inhibition equilibrate within 0.1 time units,
 # catalysis takes about 10; early and late measurement times see both.
@@ -59,11 +62,7 @@ max_nfev = 100
 def write_demo_study(directory, *, n_experiments: int = 24, seed: int = 0) -> Path:
     """Write ``study.toml`` and ``data/measurements.csv`` (synthetic, from :data:`TRUTH`) into
     ``directory``; return the study file's path."""
-    import jax
-
     jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points
-    import diffsoup as ds
-
     directory = Path(directory)
     (directory / "data").mkdir(parents=True, exist_ok=True)
     species = ["S", "E", "C", "P", "CI"]

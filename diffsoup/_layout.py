@@ -12,6 +12,10 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
 AXIS_NAMES = ("data", "model")
 REORDERINGS = ("amd", "metis")
 
@@ -125,10 +129,6 @@ def global_mesh(axis_names: Sequence[str], *, shape: Sequence[int] | None = None
     Returns:
         A ``jax.sharding.Mesh`` for ``Layout(mesh=...)``.
     """
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
-
     names = tuple(axis_names)
     if not names or len(set(names)) != len(names) or any(n not in AXIS_NAMES for n in names):
         raise ValueError(f"axis_names={names!r} must be distinct names from {AXIS_NAMES}.")
@@ -156,8 +156,6 @@ def mesh_groups(mesh, sizes: Sequence[int]):
     Returns:
         One mesh per entry of ``sizes``, or ``(mesh,)`` when it has no data axis.
     """
-    from jax.sharding import Mesh
-
     if "data" not in mesh.axis_names:
         return (mesh,)
     sizes = tuple(int(s) for s in sizes)

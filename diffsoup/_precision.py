@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import numpy as np
 
 SOLVE_MODES = ("fp64", "fp32", "fp32_ir", "adaptive")
@@ -196,8 +197,6 @@ class Precision:
 
     def check_x64(self) -> None:
         """Raise a clear error if this policy needs float64 while JAX's x64 mode is off."""
-        import jax
-
         if self.uses_float64 and not jax.config.values["jax_enable_x64"]:
             raise RuntimeError(
                 f"{self!r} computes in float64, but JAX's x64 mode is off, so JAX would silently use "

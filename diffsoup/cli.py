@@ -153,8 +153,10 @@ def _check(args) -> int:
     print(f"  parameters: {len(study.parameters)} ({len(est)} estimated{expanded})")
     if study.levels:
         print(f"  levels: {', '.join(f'{lv} ({len(study.members(lv))} members)' for lv in study.levels)}")
-    f = sf.fit
-    method = f"fides ({f['hessian']} Hessian)" if f["method"] == "fides" else f["method"]
+    from .workflows._auto_method import AUTO_LABEL, file_method
+
+    f, named = sf.fit, file_method(sf) or AUTO_LABEL  # the file's method; auto where it names none
+    method = f"fides ({f['hessian']} Hessian)" if named == "fides" else named
     if f["hierarchical"]:
         method += ", hierarchical" + ("" if f["hierarchical"] is True else f" ({', '.join(f['hierarchical'])})")
     elif f["hierarchical"] is None:
@@ -240,13 +242,12 @@ def _campaign(args) -> int:
             print(f"[diffsoup] {dashboard_line(client)}")
         summary = campaign_study(sf, args.out, client=client, starts=args.starts, seed=args.seed, method=args.method,
                                  max_nfev=args.max_nfev, hessian=args.hessian, hierarchical=args.hierarchical,
-                                 resume=not args.restart,
-                                 on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
+                                 resume=not args.restart, on_conflict="restart" if args.restart else "error", plots=not args.no_plots,
                                  no_worker_timeout=_no_worker_timeout(args),
                                  at_best_tolerance=args.at_best_tolerance)  # fmt: skip
     c = summary["campaign"]
-    print(f"\ncampaign: {c['accepted']} of {c['tasks']} starts accepted ({c['resumed']} from an earlier run), "
-          f"{c['failed']} failed; ledger {args.out / c['ledger']}")  # fmt: skip
+    print(f"\ncampaign: {c['accepted']} of {c['tasks']} {'blocks of starts' if summary['method'] == 'batched' else 'starts'} "
+          f"accepted ({c['resumed']} from an earlier run), {c['failed']} failed; ledger {args.out / c['ledger']}")  # fmt: skip
     _print_summary(summary, args.out)
     return 0
 
@@ -294,7 +295,10 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("study", type=Path, help=STUDY_HELP)
     p.add_argument("-o", "--out", type=Path, default=Path("diffsoup-results"),
                    help="output directory (default ./diffsoup-results)")  # fmt: skip
-    p.add_argument("--method", choices=FIT_METHODS, help="optimizer (default: the file's [fit] method)")
+    p.add_argument("--method", choices=FIT_METHODS + ("auto",),
+                   help="optimizer (default: the file's [fit] method, else auto: batched where the default JAX backend is a GPU "
+                   "and --starts >= 16, else fides; one line says which and why). batched: the starts as lanes of one "
+                   "program, blocks of them on the Dask workers, the best distinct optima polished by fides")  # fmt: skip
     p.add_argument("--hessian", choices=FIDES_HESSIANS,
                    help="fides' Hessian (default: the file's [fit] hessian, gauss_newton); hybrid is pyPESTO's default")  # fmt: skip
     p.add_argument("--hierarchical", action=argparse.BooleanOptionalAction, default=None,
@@ -407,9 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser(
         "fit", formatter_class=raw, epilog=EPILOG, help="multistart fit of a study (ds.distributed.run on Dask)",
         description="Fit the estimated parameters of a study file: start points of a scrambled Sobol' sequence, each minimized by "
-        "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities (or scipy's trust-region "
-        "least squares, or L-BFGS-B with adjoint gradients), the experiments split over the Dask workers. Writes "
-        "OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,estimates}.png.",
+        "fides' trust-region steps with Gauss-Newton Hessians from forward sensitivities, the experiments split over the "
+        "Dask workers (or scipy's least squares, L-BFGS-B, or batched: the starts as lanes of one program, in blocks on the "
+        "workers; see --method). Writes OUT/results.zarr, OUT/summary.json and OUT/plots/{fits,waterfall,estimates}.png.",
     )  # fmt: skip
     _add_fit_options(fit)
     fit.set_defaults(func=_fit)
@@ -517,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "grid", 4) < 4:
         parser.error("--grid must be at least 4")
-    if getattr(args, "hessian", None) and getattr(args, "method", None) not in (None, "fides"):
+    if getattr(args, "hessian", None) and getattr(args, "method", None) not in (None, "fides", "auto"):
         parser.error(f"--hessian {args.hessian} applies to --method fides only (not {args.method})")
     confidence = getattr(args, "confidence", 0.5)
     if not 0.0 < confidence < 1.0:

@@ -51,7 +51,7 @@ def main() -> int:
     cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
-        print(f"Dask dashboard: {client.dashboard_link}", flush=True)
+        print(ds.distributed.dashboard_line(client) or "the scheduler serves no dashboard", flush=True)
         # ds.inference.checkpointed_map over the starts (ledger OUT/campaign.json), then the best
         # start written as a fit. Workers come from the batch queue: tasks wait for them.
         summary = ds.workflows.campaign_study(study, args.out, client=client, starts=args.starts,

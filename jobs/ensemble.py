@@ -57,7 +57,7 @@ def main() -> int:
     cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
-        print(f"Dask dashboard: {client.dashboard_link}", flush=True)
+        print(ds.distributed.dashboard_line(client) or "the scheduler serves no dashboard", flush=True)
         # The chunks wait for workers from the batch queue (simulate_samples waits for the first).
         summary = ds.workflows.simulate_samples(study, args.out, samples=args.samples, sampler=args.sampler,
                                                 seed=args.seed, client=client, draws_per_chunk=args.draws_per_chunk,

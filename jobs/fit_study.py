@@ -20,6 +20,7 @@ Results: results/results.zarr, results/summary.json, results/plots/*.png.
 import argparse
 import os
 import sys
+import time
 
 import jax
 
@@ -36,6 +37,8 @@ def main() -> int:
     parser.add_argument("profile", help="the SLURM profile (TOML), e.g. jobs/profile.example.toml")
     parser.add_argument("--starts", type=int, help="number of starts (default: the study file's)")
     parser.add_argument("--max-nfev", type=int, help="most evaluations per start")
+    parser.add_argument("--keep-dashboard", type=float, default=0.0, metavar="SECONDS",
+                        help="keep the scheduler, and so the dashboard's diffsoup page, up this long after the fit")
     args = parser.parse_args()
 
     study = ds.inference.load_study(args.study)  # errors name the file, line and field
@@ -50,10 +53,13 @@ def main() -> int:
     cluster = ds.distributed.slurm_cluster(profile)  # a dask-jobqueue SLURMCluster, adapt()ing
     print("Worker job script:\n" + cluster.job_script(), flush=True)
     with Client(cluster) as client:
-        print(f"Dask dashboard: {client.dashboard_link}", flush=True)
+        print(ds.distributed.dashboard_line(client) or "the scheduler serves no dashboard", flush=True)
         # ds.distributed.run(study, cluster=client) + ds.inference.fit + results, summary, plots:
         summary = ds.workflows.fit_study(study, args.out, client=client, starts=args.starts,
                                          max_nfev=args.max_nfev, progress=sys.stderr.isatty())
+        if args.keep_dashboard > 0:
+            print(f"fit done; the dashboard stays up {args.keep_dashboard:g} s", flush=True)
+            time.sleep(args.keep_dashboard)
     cluster.close()
     print(f"objective {summary['objective']:.8g}; estimates {summary['parameters']}")
     print(f"summary: {args.out}/summary.json")

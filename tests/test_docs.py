@@ -55,6 +55,15 @@ def test_the_layer_table_is_generated_from_LAYERS():
     assert "| 0 | `diffsoup/_settings.py`" not in design  # the table is not also written by hand
 
 
+def test_the_kinds_of_function_level_imports_are_generated_from_test_layers():
+    table = hooks.deferred_imports_table()
+    kinds = hooks._test_layers_constant("DEFERRED_IMPORT_KINDS")
+    assert len(table.splitlines()) == 2 + len(kinds) + 1  # header, a row per kind, the cycle-breaking row
+    assert "| optional or heavy third-party package | `dask`" in table and "`diffsoup.formats`" in table
+    design = (DOCS / "design.md").read_text(encoding="utf-8")
+    assert design.count("<!-- generate: imports -->") == 1 and "| optional or heavy" not in design
+
+
 def test_benchmark_tables_come_from_the_json(tmp_path, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()

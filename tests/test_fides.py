@@ -162,6 +162,28 @@ class _GradientOffByOne:
 
 
 def test_a_continuation_that_gains_nothing_is_not_repeated():
-    out = Fides(max_continuations=3).minimize(_GradientOffByOne(), np.array([2.0]), 4.0)
-    assert out.message == "fides: DELTA_TOO_SMALL (continued after DELTA_TOO_SMALL with 0.25 predicted)"
+    """The model's 0.25 is borne out by no step: the continuation's first round (at most
+    ``continue_iterations``) gains less than ``continue_above`` and is the last."""
+    first = Fides(continue_above=np.inf).minimize(_GradientOffByOne(), np.array([2.0]), 4.0)
+    assert first.message == "fides: DELTA_TOO_SMALL"
+    out = Fides(max_continuations=3, continue_iterations=7).minimize(_GradientOffByOne(), np.array([2.0]), 4.0)
+    assert out.message.startswith("fides: DELTA_TOO_SMALL (continued after DELTA_TOO_SMALL with 0.25 predicted; "
+                                  "a round of 7 iterations gained"), out.message
+    assert out.n_iterations == first.n_iterations + 7
     assert abs(out.x[0]) < 1e-4 and out.value < 1e-8 and not out.success
+    with pytest.raises(ValueError, match="continue_iterations"):
+        Fides(continue_iterations=0)
+
+
+def test_a_continuation_that_keeps_gaining_runs_round_after_round():
+    """Rosenbrock's valley from a loose function-value stop: rounds of 5 iterations each gain more
+    than ``continue_above`` until the minimum; the end point is the one an unbounded continuation
+    (one round as long as the budget) reaches, and so is the objective to 1e-9."""
+    x0 = np.array([-1.2, 1.0])
+    f0 = _RosenbrockLeastSquares().gauss_newton(x0)[0]
+    rounds = Fides(fatol=1.0, continue_iterations=5).minimize(_RosenbrockLeastSquares(), x0, f0)
+    long = Fides(fatol=1.0, continue_iterations=1000).minimize(_RosenbrockLeastSquares(), x0, f0)
+    assert "rounds" in rounds.message and rounds.success, rounds.message
+    np.testing.assert_allclose(rounds.x, [1.0, 1.0], atol=1e-5)
+    np.testing.assert_allclose(long.x, [1.0, 1.0], atol=1e-5)
+    assert rounds.value < 1e-9 and long.value < 1e-9

@@ -86,7 +86,7 @@ def test_fp32_factors_are_float32_accurate(solver):
     if isinstance(solver, ds.linear.Dense):
         ws = prep.begin(values, ("fp32",))
         fac = prep.factor(ws, values, ("fp32",))
-        assert fac.factors.low.lu.dtype == jnp.float32  # a real float32 LU
+        assert fac.factors.low.matrix.dtype == jnp.float32  # a real float32 LU
 
 
 @pytest.mark.parametrize("solver", SOLVERS, ids=IDS)

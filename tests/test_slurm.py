@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +105,31 @@ def cancel_all(env) -> None:
              "the cancelled jobs to leave the queue")  # fmt: skip
 
 
+def watch_dashboard(job: str, log: Path, timeout: float = 600) -> dict:
+    """Read diffsoup's page and its studies route on the job's dashboard (its URL is in the job's
+    log) until the job ends: the page's HTML and the last study's experiment count and statuses."""
+    seen: dict = {"page": None, "experiments": None, "statuses": None}
+    end = time.monotonic() + timeout
+    url = None
+    while time.monotonic() < end and running(job):
+        if url is None:
+            match = re.search(r"diffsoup page: (http\S+)/diffsoup\b", log.read_text() if log.exists() else "")
+            url = match.group(1) if match else None
+        if url is not None:
+            try:
+                if seen["page"] is None:
+                    seen["page"] = urllib.request.urlopen(f"{url}/diffsoup", timeout=10).read().decode()
+                studies = json.loads(urllib.request.urlopen(f"{url}/diffsoup/studies.json", timeout=10).read())
+            except (OSError, ValueError):
+                studies = {}
+            for record in studies.get("studies", {}).values():
+                statuses = [e["status"] for e in record["experiments"].values() if e["status"] is not None]
+                seen["experiments"] = len(record["experiments"])
+                seen["statuses"] = {s: statuses.count(s) for s in set(statuses)}
+        time.sleep(0.5)
+    return seen
+
+
 def ledger_states(path: Path) -> dict:
     try:
         tasks = json.loads(path.read_text())["tasks"]
@@ -119,10 +146,15 @@ def test_fit_job_script_fits_a_study_through_slurm_workers(slurm, tmp_path):
     path = study(tmp_path, 6)
     log = tmp_path / "fit.log"
     job = sbatch(JOBS / "fit_study.py", path, tmp_path / "out", profile(tmp_path), "--starts", 2, "--max-nfev", 30,
-                 env=slurm, cwd=tmp_path, log=log)  # fmt: skip
+                 "--keep-dashboard", 30, env=slurm, cwd=tmp_path, log=log)  # fmt: skip
+    # diffsoup's page on the SLURMCluster's dashboard, read while the job runs: the study's
+    # experiments arrive in its JSON route, and the page itself is served.
+    seen = watch_dashboard(job, log)
     wait_for(lambda: not running(job), 600, f"fit job {job}", log)
     text = log.read_text()
     assert "#SBATCH --gres=gpu:1" in text and "--resources GPU=1" in text and "Dask dashboard:" in text, text[-3000:]
+    assert seen["page"] and "bokeh" in seen["page"].lower(), text[-3000:]
+    assert seen["experiments"] == 6 and seen["statuses"] == {"SUCCESS": 6}, (seen, text[-3000:])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["where"].startswith("Dask scheduler") and summary["experiment_status"] == {"SUCCESS": 6}
     for name, true in TRUTH.items():

@@ -212,7 +212,7 @@ def test_gradient_forward_adjoint_and_finite_differences_agree(one_chunk):
 
 
 def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta(one_chunk, monkeypatch):
-    from diffsoup.inference.objective import _lower
+    from diffsoup.inference.objective import _lowered_study
 
     study = tiny_study()
     adjoint = ds.lower(study, gradient="adjoint")
@@ -229,7 +229,7 @@ def test_adjoint_and_forward_gradients_agree_and_auto_picks_by_the_size_of_theta
     assert _rel(fd_adjoint, fd_forward) < 1e-5 and _rel(fd_forward, forward.hessian(THETA)) < 1e-4
     assert forward.hessian_kind == "exact"
     assert ds.lower(study).gradient_kind == "forward"  # 3 entries of theta
-    monkeypatch.setattr(_lower, "FORWARD_GRADIENT_MAX_THETA", 2)
+    monkeypatch.setattr(_lowered_study, "FORWARD_GRADIENT_MAX_THETA", 2)
     assert ds.lower(study).gradient_kind == "adjoint"
     assert ds.lower(study).restrict([0, 1]).gradient_kind == "adjoint"
     with pytest.raises(ValueError, match="gradient='reverse' must be one of"):

@@ -5,13 +5,14 @@ multi-process JAX run), the runtime (``initialize``, ``configure``, ``is_primary
 ``sample``, ``saltelli`` and ``sobol_indices`` for the draws and global sensitivity), and the
 clusters diffsoup starts (``embedded_cluster``, ``slurm_cluster`` from a SLURM profile
 (``SlurmProfile``, ``read_slurm_profile``; ``read_profile`` is its deprecated name),
-``cluster_client``, ``worker_threads``).
+``cluster_client``, ``worker_threads``), and ``dashboard_line`` (where the Dask dashboard and
+diffsoup's page on it are, for a script to print).
 
 Execution settings (timeouts, resources, worker counts, SLURM profile defaults) live in the
 ``diffsoup`` namespace of Dask's configuration (``_config``, defaults in ``diffsoup.yaml``).
 
 Importing this package does not import Dask: the modules below import it inside the functions
-that run on a cluster (``_run`` imports it when ``run`` is called).
+that run on a cluster (``_dask_backend`` imports it when ``run`` starts a Dask run).
 """
 
 from ._campaign import DEFAULT_NO_WORKER_TIMEOUT as DEFAULT_NO_WORKER_TIMEOUT
@@ -21,10 +22,14 @@ from ._clusters import cluster_client as cluster_client
 from ._clusters import embedded_cluster as embedded_cluster
 from ._clusters import slurm_cluster as slurm_cluster
 from ._clusters import worker_threads as worker_threads
+from ._dashboard import dashboard_line as dashboard_line
 from ._ensemble import Ensemble as Ensemble
 from ._ensemble import EnsembleWrite as EnsembleWrite
 from ._ensemble import ensemble as ensemble
 from ._process_campaign import device_group as device_group
+from ._run import DistributedStudy as DistributedStudy
+from ._run import RunOptions as RunOptions
+from ._run import run as run
 from ._slurm_profile import SlurmProfile as SlurmProfile
 from ._slurm_profile import read_profile as read_profile
 from ._slurm_profile import read_slurm_profile as read_slurm_profile
@@ -44,16 +49,3 @@ from ._tasks import CampaignResult as CampaignResult
 from ._tasks import TaskRecord as TaskRecord
 from ._world import World as World
 from ._world import world as world
-
-
-def run(study, **options):
-    """Lower a study over the processes of a run (see :func:`diffsoup.distributed._run.run`)."""
-    from ._run import run as _run
-
-    return _run(study, **options)
-
-
-from .._lazy import lazy_attributes  # noqa: E402
-
-# name -> module that defines it, loaded on first attribute access (keeps Dask out of the import).
-__getattr__, __dir__ = lazy_attributes(__name__, {"DistributedStudy": "diffsoup.distributed._run", "RunOptions": "diffsoup.distributed._run"})

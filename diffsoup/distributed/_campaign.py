@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._campaign_ledger import CONFLICT_POLICIES, CampaignPlan
 from ._config import default
+from ._dask_campaign import DaskRunner, check_timeout
+from ._process_campaign import ProcessRunner, check_device_groups
 from ._runner import CampaignRunner
+from ._serial_campaign import SerialRunner
 from ._tasks import CampaignResult, fingerprint_items, index_items
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,17 +147,9 @@ def checkpointed_map(
 def _runner(execution: str, client, resources, no_worker_timeout, device_groups) -> CampaignRunner:
     """The runner of ``execution``, its options checked (configured defaults read for Dask only)."""
     if execution == "dask":
-        from ._dask_campaign import DaskRunner
-
         return DaskRunner(client, resources, no_worker_timeout)
     if no_worker_timeout is not None:
-        from ._dask_campaign import check_timeout
-
         check_timeout(no_worker_timeout)  # ignored here, but a bad value is still an error
     if execution == "processes":
-        from ._process_campaign import ProcessRunner, check_device_groups
-
         return ProcessRunner(check_device_groups(device_groups))
-    from ._serial_campaign import SerialRunner
-
     return SerialRunner()

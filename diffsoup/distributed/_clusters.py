@@ -15,7 +15,10 @@ environment (the embedded cluster's ``env=``, the SLURM job script's prologue).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -68,9 +71,6 @@ def _probe_scheduler(address: str, timeout: float) -> None:
         ValueError: for an address Dask cannot parse, naming it and the expected form.
         ClusterConnectionError: when nothing answers within ``timeout`` seconds.
     """
-    import asyncio
-    import concurrent.futures
-
     from distributed.comm import connect
 
     async def probe() -> None:
@@ -302,8 +302,6 @@ def cluster_client(*, scheduler: str | None = None, slurm: Any = None, n_workers
 def quiet_dask_logs() -> Iterator[None]:
     """Silence Dask's loggers (:data:`DASK_LOGGERS`: lost connections, cancelled tasks) for the
     duration, then give them their levels back."""
-    import logging
-
     loggers = [logging.getLogger(name) for name in DASK_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:

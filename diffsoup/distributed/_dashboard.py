@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ._dashboard_page import add_page
 from ._dashboard_views import published
 
 SCHEMA = "diffsoup.studies/1"
@@ -110,8 +111,6 @@ def install(dask_scheduler: Any = None) -> str:
     rules.insert(0, rules.pop())
     route = ROUTE
     if bokeh_available():
-        from ._dashboard_page import add_page
-
         add_page(scheduler)
         route = PAGE
     scheduler._diffsoup_route = route

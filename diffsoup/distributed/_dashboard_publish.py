@@ -20,6 +20,7 @@ Publishing never fails a run: errors are logged at debug level and dropped.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -29,6 +30,11 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+
+from ..store._ledger import now_iso
+from ._dashboard import install
 
 logger = logging.getLogger("diffsoup.dashboard")
 
@@ -49,8 +55,6 @@ _INSTALLED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _now() -> str:
-    from ..store._ledger import now_iso
-
     return now_iso()
 
 
@@ -82,8 +86,6 @@ def ensure_installed(client: Any) -> None:
     if client in _INSTALLED or getattr(client, "asynchronous", False):  # an asynchronous client's run does it
         return
     _INSTALLED.add(client)
-    from ._dashboard import install
-
     try:
         client.run_on_scheduler(install)
     except Exception as exc:  # noqa: BLE001 (a scheduler without HTTP: the run still runs)
@@ -172,8 +174,6 @@ class Publisher:
         """On ``client``'s event loop: send ``record``, one message at a time per client, in order
         (a record waiting behind a message in flight is replaced by a newer one). ``wait`` returns
         once ``record`` has reached the scheduler."""
-        import asyncio
-
         state = self._pumps.setdefault(id(client), {"next": None, "running": False, "done": []})
         state["next"] = record
         if state["running"]:
@@ -360,8 +360,6 @@ class EnsemblePublisher:
         self.done_before = total - to_write
 
     def _count_new_chunks(self) -> int:
-        import numpy as np
-
         runs = self.target.chunk_runs()
         names = {int(k): v for k, v in self.target.layout.status_codes.items()}
         for i in (int(i) for i in np.flatnonzero(runs > 0)):

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, final
 
 from ..store._ledger import now_iso
 from ._campaign_ledger import CampaignLedger, CampaignPlan, open_campaign
+from ._clusters import embedded_cluster
 from ._dashboard_publish import publish_campaign
 from ._config import get
 from ._runner import CampaignRunner
@@ -132,8 +133,6 @@ class DaskRunner(CampaignRunner):
             try:
                 client = default_client()
             except ValueError:
-                from ._clusters import embedded_cluster
-
                 cluster, client = embedded_cluster(self.resources)
                 logger.info("started the embedded Dask cluster %s", cluster)
         publish_campaign(campaign, client)  # the dashboard page, through this campaign's client

@@ -45,9 +45,14 @@ import time
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._deprecated import renamed_keyword
+from ..inference import InferenceProblem, ParameterBox, SolverOptions, Study
+from ..integrate import Status, simulate
+from ..model import Problem
 from ..store._ensemble_store import EnsembleLayout, EnsembleStore
 from ._config import get
 from ._dask_campaign import check_resources
@@ -295,8 +300,6 @@ def _fingerprint(description: Mapping[str, Any]) -> str:
 
 
 def _status_tables() -> tuple[dict[int, str], dict[str, str]]:
-    from ..integrate import Status
-
     return {int(s): s.name for s in Status}, {s.name: s.message for s in Status}
 
 
@@ -377,9 +380,6 @@ def ensemble(
             or ``params``, a bad ``draws_per_chunk``.
         TypeError: for both ``draws_per_chunk`` and its deprecated name ``chunk_size``.
     """
-    from ..inference import Study
-    from ..model import Problem
-
     draws_per_chunk = renamed_keyword("ensemble", "chunk_size", chunk_size, "draws_per_chunk", draws_per_chunk)
     if isinstance(target, Problem):
         if solver is not None:
@@ -436,11 +436,6 @@ def _problem_ensemble(problem, params, y0, t_eval, parameter_names, observables,
                       resources, client, options) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
-    import jax
-    import jax.numpy as jnp
-
-    from ..integrate import simulate
-
     allowed = set(inspect.signature(simulate).parameters) - set(_OWN_KEYWORDS)
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -528,8 +523,6 @@ def _study_ensemble(study, params, parameter_names, output_names, solver, draws_
                     client) -> Ensemble:  # fmt: skip
     import dask
     import dask.array as da
-
-    from ..inference import InferenceProblem, ParameterBox, SolverOptions
 
     if params is None:
         raise ValueError("ensemble: give params=, the parameter draws (e.g. ds.distributed.sample(study, n)).")

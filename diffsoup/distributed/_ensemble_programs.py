@@ -13,7 +13,11 @@ import typing
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from ..integrate import simulate
 
 _PROGRAMS: collections.OrderedDict[str, Any] = collections.OrderedDict()
 _PROGRAMS_LOCK = threading.Lock()
@@ -89,11 +93,6 @@ class _ProblemChunk(_ChunkProgram):
         self.options, self.y0 = options, y0
 
     def _build(self):
-        import jax
-        import jax.numpy as jnp
-
-        from ..integrate import simulate
-
         problem, t_eval, obs, with_t, options = self.problem, self.t_eval, self.observables, self.with_t, self.options
 
         def one(pvec, y0):
@@ -116,8 +115,6 @@ class _ProblemChunk(_ChunkProgram):
         full = np.repeat(np.asarray(self.defaults, np.float64)[None], self.rows, axis=0)
         full[:, self.columns] = _pad(params_block, self.rows)
         y0 = self.y0 if y0_block is None else _pad(np.asarray(y0_block, np.float64), self.rows)
-        import jax
-
         values, status = jax.device_get(self._program()(full, y0))
         return np.concatenate(
             [params_block, np.asarray(values[:c], np.float64).reshape(c, -1), np.asarray(status[:c], np.float64)[:, None]],

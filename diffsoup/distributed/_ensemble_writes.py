@@ -13,6 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from ..store._ensemble_store import EnsembleStore
+from ._dashboard_publish import ensemble_reporter
+from ._progress import ProgressBar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +63,6 @@ def _compute_with_progress(stored, target: EnsembleStore, to_write: int, total: 
     """Compute ``stored`` (Dask's store graph, unoptimized: the solve tasks keep their resources)
     here, while a thread reports the chunks marked in the store about once a second (so that
     Ctrl-C reaches the computation)."""
-    from ._dashboard_publish import ensemble_reporter
-    from ._progress import ProgressBar
-
     bar = None
     if progress is True:
         bar = ProgressBar(total, total - to_write, 0, True, desc="diffsoup ensemble")

@@ -21,6 +21,10 @@ import socket
 from collections.abc import Callable
 from typing import Any, ClassVar, final
 
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
 from ..store._ledger import LedgerError, now_iso
 from ._campaign_ledger import CampaignLedger, CampaignPlan, open_campaign
 from ._kv import KeyValueStore
@@ -47,10 +51,6 @@ def check_device_groups(device_groups: Any) -> tuple:
         TypeError: for something other than meshes.
         ValueError: for no groups, or groups sharing a device.
     """
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
-
     if device_groups is None:
         return tuple(Mesh(np.asarray([d], dtype=object), ("data",)) for d in jax.devices())
     if isinstance(device_groups, Mesh):
@@ -76,8 +76,6 @@ def _owners(mesh) -> list[int]:
 
 
 def _run_in_group(fn: Callable, item: Any, task_id: str, mesh) -> TaskOutcome:
-    import jax
-
     token = _CURRENT_GROUP.set(mesh)
     try:
         devices = list(mesh.devices.flat)

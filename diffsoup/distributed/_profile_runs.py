@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -88,8 +89,6 @@ def profile(
     Raises:
         ValueError: for an unknown parameter name, a theta of the wrong shape, or nothing to profile.
     """
-    from dataclasses import replace
-
     options = options if options is not None else ProfileOptions()
     if not isinstance(options, ProfileOptions):
         raise TypeError(f"profile: options must be a ds.inference.ProfileOptions, not {type(options).__name__}.")

@@ -15,6 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
 from .._settings import DEFAULT_ALLOCATOR_ENV as DEFAULT_ALLOCATOR_ENV
 from .._settings import DEFAULT_XLA_GPU_FLAGS as DEFAULT_XLA_GPU_FLAGS
 from .._settings import configure as configure
@@ -127,8 +132,6 @@ def initialize(
     args = dict(given) if present else _detect()
     if args is None:
         return
-    import jax
-
     try:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except (AttributeError, ValueError):  # pragma: no cover (older or newer JAX)
@@ -141,8 +144,6 @@ def process_count() -> int:
     """Number of processes of the run (1 when the multi-process runtime is not running)."""
     if not is_initialized():
         return 1
-    import jax
-
     return int(jax.process_count())
 
 
@@ -150,8 +151,6 @@ def process_index() -> int:
     """This process's rank (0 when the multi-process runtime is not running)."""
     if not is_initialized():
         return 0
-    import jax
-
     return int(jax.process_index())
 
 
@@ -194,9 +193,6 @@ def owns(mesh: Any) -> bool:
     Raises:
         TypeError: if ``mesh`` is not a Mesh.
     """
-    import jax
-    from jax.sharding import Mesh
-
     if not isinstance(mesh, Mesh):
         raise TypeError(f"owns: mesh must be a jax.sharding.Mesh, not {type(mesh).__name__}.")
     me = jax.process_index()
@@ -220,9 +216,6 @@ def local_value(value: Any, dtype: Any = None):
         ValueError: if ``value`` is a partitioned global array (not fully addressable and not
             replicated).
     """
-    import jax
-    import numpy as np
-
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         if not value.sharding.is_fully_replicated:
             raise ValueError(
@@ -250,10 +243,6 @@ def from_local_data(data: Any, mesh: Any, spec: Any, *, global_shape: Any = None
     Raises:
         TypeError: if ``mesh`` is not a Mesh or ``spec`` not a PartitionSpec.
     """
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     if not isinstance(mesh, Mesh):
         raise TypeError(f"from_local_data: mesh must be a jax.sharding.Mesh, not {type(mesh).__name__}.")
     if not isinstance(spec, PartitionSpec):
@@ -276,9 +265,6 @@ def key(seed: int):
     Raises:
         TypeError: if ``seed`` is not an integer.
     """
-    import jax
-    import numpy as np
-
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"key: seed must be an integer, not {type(seed).__name__}.")
     return jax.random.key(int(seed))
@@ -287,9 +273,6 @@ def key(seed: int):
 def _allgather(values):
     """``values`` (a 1-D NumPy array of the same shape on every process) from every process,
     stacked ``(process_count, n)``."""
-    import numpy as np
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(values), tiled=False))
 
 
@@ -297,8 +280,6 @@ def check_agree(values: Any, what: str) -> None:
     """With ``initialize(debug=True)``: raise RuntimeError unless ``values`` agree on every process."""
     if not _state["debug"] or process_count() == 1:
         return
-    import numpy as np
-
     mine = np.atleast_1d(np.asarray(values, dtype=np.float64))
     every = _allgather(mine)
     same = np.all((every == every[0]) | (np.isnan(every) & np.isnan(every[0])), axis=1)
@@ -324,8 +305,6 @@ def any_process(flag: Any) -> bool:
     Raises:
         ValueError: if ``flag`` is an array of more than one element (or a partitioned one).
     """
-    import numpy as np
-
     value = local_value(flag)
     if value.size != 1:
         raise ValueError(f"any_process: flag must be a boolean or a scalar array, not shape {value.shape}.")

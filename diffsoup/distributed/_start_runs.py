@@ -12,6 +12,11 @@ It is the one multistart campaign: ``diffsoup campaign`` (``workflows.campaign_s
 starts through :func:`plan_starts`, :func:`run_starts` and :func:`starts_of` too, with a study
 file's factory and its own entries in the items (``tags``). Tasks lower their study once per
 process, through the process's cache (:mod:`._lowered_cache`).
+
+With the batched optimizer (``method="batched"`` or a ``BatchedTrustRegion``) a task is a block of
+starts instead (``block-0000``, ...: :mod:`._start_blocks`), run as the lanes of one program per
+iteration on its worker; the host gathers every block's end states and polishes the best distinct
+optima with fides (:func:`fit_of`).
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult, StartResult
+from ..inference.fitting._batched_fit import polish_ends
+from ..inference.fitting._batched_trust_region import BatchedTrustRegion
 from ..inference.fitting._fit import DEFAULT_METHOD, optimizer_of
 from ..inference.fitting._run_start import run_start
 from ..inference.fitting._hierarchical import AnalyticParameters
 from ..inference.fitting._optimizers import AbstractOptimizer
 from ..inference.fitting._starts import replacement_point, start_points
+from ..store import LedgerConflictError
 from ._campaign import checkpointed_map
 from ._lowered_cache import fingerprint_of, lowered_from
+from ._start_blocks import BLOCK_KEYS, BlockTask, block_items, block_starts, check_starts_per_block, conflict_detail
 from ._tasks import CampaignResult
 
 # The analytic parameters of the lowered study a process's tasks last used, found once per study
@@ -125,61 +134,125 @@ class StartPlan:
 
     Attributes:
         lowered: the driver's lowered study (the factory's, from this process's cache).
-        items: one item per start, in start order.
-        task: the :class:`StartTask`.
+        items: one item per start, in start order; for the batched optimizer one per block of
+            starts (:mod:`._start_blocks`).
+        task: the :class:`StartTask`, or the :class:`~._start_blocks.BlockTask`.
         optimizer: the optimizer of each start.
-        analytic: the names of the parameters optimized analytically (empty for none).
+        analytic: the names of the parameters optimized analytically (empty for none; for the
+            batched optimizer, in the polish only).
+        found: those parameters as found (``AnalyticParameters``, or None).
     """
 
     lowered: AbstractLoweredStudy
     items: list[dict]
-    task: StartTask
+    task: StartTask | BlockTask
     optimizer: AbstractOptimizer
     analytic: tuple[str, ...]
+    found: AnalyticParameters | None = None
+
+    @property
+    def blocks(self) -> bool:
+        """Whether the tasks are blocks of starts (the batched optimizer)."""
+        return isinstance(self.task, BlockTask)
 
 
 def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], *, starts: int, seed: int,
                 method: str | AbstractOptimizer, max_nfev: int | None, resample_failed_starts: int,
-                hierarchical: bool | Sequence[str] | None, tags: Mapping[str, Any] | None = None) -> StartPlan:  # fmt: skip
+                hierarchical: bool | Sequence[str] | None, tags: Mapping[str, Any] | None = None,
+                starts_per_block: int | None = None) -> StartPlan:  # fmt: skip
     """The items and task of a multistart campaign (arguments as for :func:`multistart`).
 
     Raises:
-        ValueError: for a start count below 1, or tags that would replace an item's own entries.
+        ValueError: for a start count below 1, tags that would replace an item's own entries, or
+            ``starts_per_block`` that is not a positive count or is given for another optimizer.
     """
     if isinstance(starts, bool) or int(starts) < 1:
         raise ValueError(f"multistart: starts={starts!r} must be a positive count.")
-    tags = dict(tags or {})
-    taken = sorted(set(tags) & set(ITEM_KEYS))
-    if taken:
-        raise ValueError(f"multistart: tags {taken} are entries every start's item has already ({list(ITEM_KEYS)}); "
-                         "give the tags other names.")  # fmt: skip
     optimizer = optimizer_of(method, max_nfev=max_nfev)
-    task = StartTask(lowered, optimizer, seed, resample_failed_starts)
+    batched = isinstance(optimizer, BatchedTrustRegion)
+    if starts_per_block is not None and not batched:
+        raise ValueError(f"multistart: starts_per_block={starts_per_block!r} applies to method='batched' (blocks of starts "
+                         f"as lanes), not to {optimizer.name!r}, whose tasks are one start each.")  # fmt: skip
+    tags = dict(tags or {})
+    own = BLOCK_KEYS if batched else ITEM_KEYS
+    taken = sorted(set(tags) & set(own))
+    if taken:
+        raise ValueError(f"multistart: tags {taken} are entries every {'block' if batched else 'start'}'s item has "
+                         f"already ({list(own)}); give the tags other names.")  # fmt: skip
+    task = BlockTask(lowered, optimizer) if batched else StartTask(lowered, optimizer, seed, resample_failed_starts)
     low, _ = lowered_from(lowered, task.fingerprint)  # a factory's study is the tasks' in this process
-    points = start_points(low, int(starts), int(seed))
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
+    if batched:  # the analytic parameters serve the polish, here: they are not part of the blocks
+        items = block_items(low, optimizer, starts=int(starts), seed=int(seed),
+                            starts_per_block=check_starts_per_block(starts_per_block, optimizer),
+                            resample_failed_starts=int(resample_failed_starts), tags=tags)  # fmt: skip
+        return StartPlan(low, items, task, optimizer, tuple(analytic), found)
+    points = start_points(low, int(starts), int(seed))
     remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
     # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
     items = [{"task_id": start_task_id(i), "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
               **({"analytic": analytic} if analytic else {}), **tags} for i, p in enumerate(points)]  # fmt: skip
     task.analytic = tuple(analytic)
-    return StartPlan(low, items, task, optimizer, tuple(analytic))
+    return StartPlan(low, items, task, optimizer, tuple(analytic), found)
 
 
 def run_starts(plan: StartPlan, ledger_path: str | os.PathLike | None, **campaign_options: Any) -> CampaignResult:
     """Run the plan's starts with ``checkpointed_map`` (``campaign_options`` as there); without a
-    ledger path, on a throw-away ledger."""
+    ledger path, on a throw-away ledger.
+
+    Raises:
+        diffsoup.store.LedgerConflictError: as ``checkpointed_map``; for blocks of starts, naming
+            the settings that changed (``seed``, ``starts_per_block``, the optimizer's options).
+    """
     if ledger_path is None:
         with tempfile.TemporaryDirectory(prefix="diffsoup-starts-") as tmp:
             return checkpointed_map(plan.task, plan.items, ledger_path=os.path.join(tmp, "starts.json"),
                                     **campaign_options)  # fmt: skip
-    return checkpointed_map(plan.task, plan.items, ledger_path=ledger_path, **campaign_options)
+    try:
+        return checkpointed_map(plan.task, plan.items, ledger_path=ledger_path, **campaign_options)
+    except LedgerConflictError as exc:
+        detail = conflict_detail(ledger_path, plan.items) if plan.blocks else ""
+        if not detail:
+            raise
+        raise LedgerConflictError(f"{exc} For this batched multistart: {detail}; rerun with those settings to "
+                                  "resume.") from exc  # fmt: skip
+
+
+def ends_of(plan: StartPlan, campaign: CampaignResult) -> list[StartResult]:
+    """The finished starts of a campaign, in start order, as their tasks ended them (for blocks:
+    the batched phase's end states, before any polish)."""
+    if plan.blocks:
+        return [start_of(record) for _, record in block_starts(plan.items, campaign.results)]
+    return [start_of(campaign.results[item["task_id"]]) for item in plan.items if item["task_id"] in campaign.results]
 
 
 def starts_of(plan: StartPlan, campaign: CampaignResult) -> list[StartResult]:
-    """The finished starts of a campaign, in start order."""
-    return [start_of(campaign.results[item["task_id"]]) for item in plan.items if item["task_id"] in campaign.results]
+    """The finished starts of a campaign, in start order; for blocks of starts, their end states
+    with the best distinct optima polished (``polish_ends``: the fit's starts, as :func:`fit_of`'s)."""
+    ends = ends_of(plan, campaign)
+    if not plan.blocks or not ends:
+        return ends
+    return polish_ends(plan.lowered, plan.optimizer, ends, analytic=plan.found)[0]
+
+
+def fit_of(plan: StartPlan, campaign: CampaignResult, *, seconds: float) -> FitResult:
+    """The :class:`FitResult` of a campaign's finished starts (``seconds``: its time so far); for
+    blocks of starts, with the polish and the distinct optima (``batched_result``).
+
+    Raises:
+        RuntimeError: if no start finished (naming the first failures) or every start failed.
+    """
+    ends = ends_of(plan, campaign)
+    if not ends:
+        errors = "; ".join(str(r.error) for r in list(campaign.failures.values())[:3])
+        raise RuntimeError(f"multistart: every {'block' if plan.blocks else 'start'} failed ({errors}).")
+    if plan.blocks:
+        from ..inference.fitting._batched_fit import batched_result
+
+        return batched_result(plan.lowered, plan.optimizer, ends, seconds=seconds, analytic=plan.found)
+    return FitResult.from_starts(plan.lowered, ends, method=plan.optimizer.name, seconds=seconds,
+                                 analytic=list(plan.analytic))  # fmt: skip
 
 
 def multistart(
@@ -197,6 +270,7 @@ def multistart(
     execution: str = "serial",
     progress: bool = False,
     tags: Mapping[str, Any] | None = None,
+    starts_per_block: int | None = None,
     **campaign_options: Any,
 ) -> FitResult:
     """A multistart fit whose starts are campaign tasks (resumable from ``ledger_path``).
@@ -213,22 +287,27 @@ def multistart(
         resume, on_conflict, execution, progress, campaign_options: as for ``checkpointed_map``.
         tags: more entries of every start's item (JSON values: a study's digest, a setting), so
             that a rerun with other values is a ledger conflict rather than a resume.
+        starts_per_block: for ``method="batched"`` (or a ``BatchedTrustRegion``): the starts of
+            one task (``block-0000``, ...), run as the optimizer's lanes on one worker; None: the
+            optimizer's ``lanes``. Part of each block's item: a rerun with another value (or
+            another seed) is a ledger conflict naming it. The host then polishes the best distinct
+            optima of all blocks with fides (in this process, with ``hierarchical``'s parameters).
 
     Returns:
-        The :class:`~diffsoup.inference.FitResult` of the finished starts.
+        The :class:`~diffsoup.inference.FitResult` of the finished starts (for ``"batched"``:
+        every start's end state, the best distinct ones polished, and ``optima``).
 
     Raises:
-        ValueError: for a start count below 1, or tags named as an item's own entries.
-        RuntimeError: if every start failed.
+        ValueError: for a start count below 1, tags named as an item's own entries, or a bad
+            ``starts_per_block`` (or one given for another method).
+        RuntimeError: if every start (or block) failed.
+        diffsoup.store.LedgerConflictError: for a ledger of other starts (for blocks: naming the
+            changed ``seed``, ``starts_per_block`` or optimizer options).
     """
     plan = plan_starts(lowered, starts=starts, seed=seed, method=method, max_nfev=max_nfev,
-                       resample_failed_starts=resample_failed_starts, hierarchical=hierarchical, tags=tags)  # fmt: skip
+                       resample_failed_starts=resample_failed_starts, hierarchical=hierarchical, tags=tags,
+                       starts_per_block=starts_per_block)  # fmt: skip
     t0 = time.perf_counter()
     campaign = run_starts(plan, ledger_path, resume=resume, on_conflict=on_conflict, execution=execution,
                           progress=progress, **campaign_options)  # fmt: skip
-    finished = starts_of(plan, campaign)
-    if not finished:
-        errors = "; ".join(str(r.error) for r in list(campaign.failures.values())[:3])
-        raise RuntimeError(f"multistart: every start failed ({errors}).")
-    return FitResult.from_starts(plan.lowered, finished, method=plan.optimizer.name, seconds=time.perf_counter() - t0,
-                                 analytic=list(plan.analytic))  # fmt: skip
+    return fit_of(plan, campaign, seconds=time.perf_counter() - t0)

@@ -24,7 +24,10 @@ The set-up, before the worker's JAX starts where possible:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+import jax
 
 from .._compilation_cache import enable_compilation_cache
 from .._settings import settings
@@ -52,8 +55,6 @@ def setup_worker_environment(cache_dir: str | None = None) -> None:
     """
     os.environ.setdefault("JAX_ENABLE_X64", "1")
     configure()
-    import jax
-
     if os.environ["JAX_ENABLE_X64"].strip().lower() in ("1", "true", "yes", "on"):
         jax.config.update("jax_enable_x64", True)
     platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
@@ -112,8 +113,6 @@ def dask_setup(worker: Any = None) -> None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = pinned
         setup_worker_environment()
     except GPUUnavailableError as exc:
-        import sys
-
         print(f"{exc}", file=sys.stderr, flush=True)
         raise SystemExit(f"diffsoup worker not started: {exc}") from exc
 

@@ -20,6 +20,8 @@ import math
 import operator
 from typing import Mapping
 
+import jax.numpy as jnp
+
 from ._reader import TomlReader
 
 EXPRESSION_FUNCTIONS = ("exp", "log", "log10", "sqrt", "abs")
@@ -140,8 +142,6 @@ def _constant(r: TomlReader, node: ast.AST, value, field: tuple) -> ast.Constant
 
 
 def _evaluate(node: ast.AST, y, p, index: Mapping[str, int]):
-    import jax.numpy as jnp
-
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -174,8 +174,6 @@ class Observables:
         self.index = {s: i for i, s in enumerate(states)}
 
     def __call__(self, y, p):
-        import jax.numpy as jnp
-
         values = [_evaluate(self.nodes[n], y, p, self.index) if n in self.nodes else y[self.index[n]]
                   for n in self.names]  # fmt: skip
         return jnp.stack([jnp.asarray(v, dtype=y.dtype) for v in values])

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..inference import Study
 from ._petab_errors import PetabError
 
 _EXPERIMENT_ROW = re.compile(r"experiment '(.*?)' \(row (\d+)\)")
@@ -280,8 +281,6 @@ def check_measurements(builder: Any, columns: tuple, cell_column: np.ndarray) ->
 def build_study(builder: Any, rows: Rows, columns: tuple, formulas: Any, problem: Any, functions: tuple,
                 parameters: list):  # fmt: skip
     """``(study held as arrays, Placements)``."""
-    from ..inference import Study
-
     observables, sigma, y0, discontinuities, resets = functions
     mt = builder.t.measurement_table
     oids = list(builder.t.observables)

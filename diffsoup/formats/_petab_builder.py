@@ -10,8 +10,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ..inference import Experiment, Parameter, Preequilibration, Study
+from ..inference.study._noise import petab_noise_class
+from ..integrate import Reset
+from ..model import ProblemSpec
+from . import _petab_arrays
 from ._petab_arrays import INITIAL_SET, INITIAL_VALUE, Placements
 from ._petab_formulas import Column, compile_formulas
 from ._petab_errors import PetabError
@@ -132,8 +139,6 @@ class PetabStudyBuilder:
 
     # -- the model ------------------------------------------------------------------------------
     def problem(self):
-        from ..model import ProblemSpec
-
         spec = self.model.spec
         if self.init_states:
             extra = {}
@@ -162,9 +167,6 @@ class PetabStudyBuilder:
 
     def functions(self, formulas):
         """The experiments' shared callables: observables, sigma, y0, discontinuities, resets."""
-        import jax
-        import jax.numpy as jnp
-
         model = self.model
         pids, q_names = model.parameter_ids, formulas.q_names
         init_states = self.init_states
@@ -202,8 +204,6 @@ class PetabStudyBuilder:
                 return model.discontinuities(pvec(p, 0.0))
 
         resets = []
-        if model.events:
-            from ..integrate import Reset
         for event in model.events:
             if event.time_parameters:
                 def time(p, event=event):
@@ -224,8 +224,6 @@ class PetabStudyBuilder:
 
     # -- experiments ----------------------------------------------------------------------------
     def build(self, arrays: bool | None = None) -> PetabProblem:
-        from . import _petab_arrays
-
         self.check_ids()
         array = {oid: self.array_noise(o) for oid, o in self.t.observables.items()}
         reason, rows = "load(arrays=False)", None
@@ -251,8 +249,6 @@ class PetabStudyBuilder:
 
     def parameters(self) -> list:
         """The parameter table's rows as ``ds.inference.Parameter``."""
-        from ..inference import Parameter
-
         parameters = []
         for pid, row in self.table.items():
             lower, upper = row.lower, row.upper
@@ -267,8 +263,6 @@ class PetabStudyBuilder:
 
     def objects(self, groups, columns, slots, array, formulas, problem, functions, parameters):
         """``(study of one ds.Experiment per group, Placements)``."""
-        from ..inference import Experiment, Preequilibration, Study
-
         observables, sigma, y0, discontinuities, resets = functions
         column_of = {(c.observable.id, c.slot): j for j, c in enumerate(columns)}
         noise_models = [self.noise_class(c) for c in columns]
@@ -366,8 +360,6 @@ class PetabStudyBuilder:
     def noise_class(col):
         """The registered noise model class and keywords of the column's ``noiseDistribution`` and
         ``observableTransformation``."""
-        from ..inference.study._noise import petab_noise_class
-
         obs = col.observable
         return petab_noise_class(obs.distribution, obs.transformation)
 

@@ -10,7 +10,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..inference import InferenceProblem, SolverOptions
+from ..inference import lower as lower_study
 from ._petab_arrays import Placements
+from ._petab_simulation import simulation_table
 from ._petab_tables import PetabTables
 
 DEFAULT_RTOL = 1e-8
@@ -45,8 +48,6 @@ class PetabProblem:
 
     def __init__(self, tables: PetabTables, model: Any, study: Any, columns: tuple, placements: Placements,
                  formulas: Any, objects_reason: str | None = None):  # fmt: skip
-        from ..inference import SolverOptions
-
         self.placements = placements
         self.objects_reason = objects_reason
         self.tables = tables
@@ -73,15 +74,11 @@ class PetabProblem:
             solver: a ``ds.inference.SolverOptions`` (default :attr:`solver`).
             lower_options: passed to ``ds.lower`` (``layout=``, ``experiments_per_chunk=``, ``gradient=``, ...).
         """
-        from ..inference import lower as lower_study
-
         lower_options.setdefault("objective", "nll")
         return lower_study(self.study, solver=self.solver if solver is None else solver, **lower_options)
 
     def inference_problem(self, *, solver: Any = None, values: Mapping[str, float] | None = None):
         """The ``ds.inference.InferenceProblem`` (negative log-likelihood) of the study."""
-        from ..inference import InferenceProblem
-
         return InferenceProblem(self.study, objective="nll", solver=self.solver if solver is None else solver,
                                 values=values)  # fmt: skip
 
@@ -101,8 +98,6 @@ class PetabProblem:
             solver: ``SolverOptions`` (default :attr:`solver`).
             predictions: ready predictions (:meth:`simulate`'s result) instead of simulating.
         """
-        from ._petab_simulation import simulation_table
-
         if predictions is None:
             predictions = self.simulate(theta, solver=solver)
         return simulation_table(self, predictions)

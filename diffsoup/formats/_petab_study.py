@@ -62,6 +62,8 @@ from ._petab_problem import DEFAULT_ATOL as DEFAULT_ATOL
 from ._petab_problem import DEFAULT_RTOL as DEFAULT_RTOL
 from ._petab_problem import PetabProblem as PetabProblem
 from ._petab_tables import read_tables
+from ._sbml import load_sbml
+from ._sbml_error import SBMLError
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,9 +95,6 @@ def load(yaml_path: Any, *, validate: bool = True, cache: bool = True, cache_dir
             pre-equilibration, SBML features diffsoup does not import, ...).
         FileNotFoundError: for a missing YAML file.
     """
-    from ._sbml import load_sbml
-    from ._sbml_error import SBMLError
-
     tables = read_tables(yaml_path, validate=validate)
     try:
         model = load_sbml(tables.sbml_path, cache=cache, cache_dir=cache_dir)

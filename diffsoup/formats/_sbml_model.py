@@ -10,11 +10,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..model import ProblemSpec
 from ._sbml_codegen import CODEGEN_VERSION
 from ._sbml_expressions import SBMLExpressions
+from ._sbml_import import import_document, libsbml_module
 from ._sympy_compile import compile_functions
 
 
@@ -146,8 +148,6 @@ class SBMLModel:
     def expressions(self) -> SBMLExpressions:
         """The model as sympy expressions (rebuilt from the SBML on first use after a cache hit)."""
         if self._expressions is None:
-            from ._sbml_import import import_document, libsbml_module
-
             doc = libsbml_module().readSBMLFromString(self._sbml_text)
             self._expressions = import_document(doc, self.name, None).expressions
         return self._expressions
@@ -186,8 +186,6 @@ class SBMLModel:
 
 def _named_parameters_rhs(rhs: Callable, parameter_ids: tuple[str, ...]) -> Callable:
     """``rhs(t, y, p)`` taking ``p`` by name (as ``ProblemSpec`` passes it) or as a vector."""
-    import jax.numpy as jnp
-
     def sbml_rhs(t, y, p):
         if isinstance(p, Mapping):
             p = (jnp.stack([jnp.asarray(p[k]) for k in parameter_ids]) if parameter_ids

@@ -129,6 +129,7 @@ from ..inference import lower as lower_study
 from ..linear import KLU, CuDSS, Dense
 from ..model import Problem, ProblemSpec, ReactionNetwork
 from ._expressions import read_expressions
+from ._petab_study import load as load_petab
 from ._reader import StudyFileError, TomlReader
 from ._study_experiments import ExperimentContext
 from ._study_format import FORMAT as FORMAT
@@ -215,8 +216,6 @@ def load_study(path: Any, *, log: Callable[[str], Any] | None = None) -> StudyFi
     """
     path = Path(path)
     if path.suffix.lower() in PETAB_SUFFIXES:  # a PEtab problem: what the command runs on it is the same
-        from ._petab_study import load as load_petab
-
         return StudyFile.from_petab(load_petab(path))
     text = path.read_text(encoding="utf-8")
     try:

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..inference import Study
+from ..inference import Preequilibration, Study
+from ..integrate import Reset, SteadyState
 from ._expressions import EXPRESSION_FUNCTIONS, Observables
 from ._reader import TomlReader
 from ._study_format import EXPERIMENT_TABLE_KEYS, PREEQUILIBRATION_KEYS, RESET_KEYS, STEADY_STATE_KEYS, TIME
@@ -137,8 +138,6 @@ class TimedObservables:
 
 
 def state_reset(time: float, set_: Mapping[str, float], add: Mapping[str, float], states: tuple):
-    from ..integrate import Reset
-
     set_idx = np.array([states.index(s) for s in set_], dtype=np.int64)
     set_val = np.array(list(set_.values()), dtype=np.float64)
     add_idx = np.array([states.index(s) for s in add], dtype=np.int64)
@@ -184,8 +183,6 @@ class Version2Experiments:
 
     def version_2(self, raw: Mapping, field: tuple, names) -> dict:
         """The /2 keys of an experiment as ``Experiment`` arguments."""
-        from ..inference import Preequilibration
-
         r, out = self.r, {}
         params = dict(self.default_observable_parameters)
         params.update(parameter_values(r, raw.get("observable_parameters", {}), field + ("observable_parameters",),
@@ -220,8 +217,6 @@ class Version2Experiments:
                 raise r.error(field + ("discontinuities",), "must be a list of times, e.g. [3.0, 10.0]")
             out["discontinuities"] = tuple(sorted(r.number(v, field + ("discontinuities",)) for v in values))
         if "steady_state" in raw:
-            from ..integrate import SteadyState
-
             sf = field + ("steady_state",)
             table = r.table(raw["steady_state"], sf)
             r.keys(table, STEADY_STATE_KEYS, sf)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -44,8 +45,6 @@ def _side(text: str, equation: str) -> tuple[tuple[str, float], ...]:
 
 
 def _has_source(fn) -> bool:
-    import inspect
-
     try:
         inspect.getsource(fn)
         return True
@@ -159,8 +158,6 @@ class ReactionNetwork:
         )  # fmt: skip
 
     def _identity(self) -> str:
-        import inspect
-
         parts = []
         for rxn in self.reactions:
             rate = rxn.rate if isinstance(rxn.rate, str) else inspect.getsource(rxn.rate) if _has_source(rxn.rate) else rxn.rate.__qualname__

@@ -25,7 +25,10 @@ import hashlib
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import ClosedJaxpr
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -334,8 +337,6 @@ class _Tracer:
             if inner is None:
                 raise _Unsupported(name)
             if not hasattr(inner, "consts"):
-                from jax.extend.core import ClosedJaxpr
-
                 inner = ClosedJaxpr(inner, ())
             n_in = len(inner.jaxpr.invars)
             return self.run(inner, ins[len(ins) - n_in :])
@@ -390,8 +391,6 @@ class _Tracer:
         if name == "scatter":
             params.pop("update_jaxpr", None)
             params.pop("update_consts", None)
-            import jax
-
             res = jax.lax.scatter(operands[0], operands[1], operands[2], params["dimension_numbers"],
                                   indices_are_sorted=params["indices_are_sorted"],
                                   unique_indices=params["unique_indices"], mode=params["mode"])  # fmt: skip
@@ -464,8 +463,6 @@ class _Tracer:
 
 def _probe(fn_y: Callable, y: np.ndarray, *, chunk: int = 128, seed: int = 0) -> sp.csr_matrix:
     """Pattern from Jacobian columns, ``chunk`` at a time, at two random states (OR of both)."""
-    import jax
-    import jax.numpy as jnp
     import scipy.sparse as sp
 
     n = y.shape[0]
@@ -490,7 +487,6 @@ def detect_sparsity(rhs: Callable, t: Any, y: np.ndarray, p: Any) -> tuple[sp.cs
     Returns:
         ``(pattern, method)``, method ``"jaxpr"`` or ``"probing"``.
     """
-    import jax
     import scipy.sparse as sp
 
     n = int(y.shape[0])

@@ -12,6 +12,7 @@ import numpy as np
 
 from .._layout import Layout
 from .._precision import Precision
+from ..linear import LinearSolver, default_solver
 from ._sparsity import SparsityPattern, detect_sparsity
 
 
@@ -143,8 +144,6 @@ class Problem:
     """
 
     def __init__(self, spec: ProblemSpec, precision: Precision, layout: Layout, linear_solver):
-        from ..linear import LinearSolver, default_solver
-
         if not isinstance(precision, Precision):
             raise TypeError(f"precision= must be a ds.Precision, not {type(precision).__name__}.")
         if not isinstance(layout, Layout):

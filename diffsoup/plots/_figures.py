@@ -8,6 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..integrate import Status
+
 
 def _pyplot():
     import matplotlib
@@ -66,8 +68,6 @@ def plot_fits(study: Any, predictions: Mapping[str, dict], path: Any, *, observa
 
 
 def _status_name(code: Any) -> str:
-    from ..integrate import Status
-
     try:
         return Status(int(code)).name
     except ValueError:

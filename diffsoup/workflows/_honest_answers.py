@@ -11,6 +11,8 @@ import numpy as np
 # An estimate within this of a bound, on the optimizer's scale (log10 for log10-scaled parameters),
 # is at that bound: the Gauss-Newton standard error there describes no interval.
 AT_BOUND = 1e-3
+# The summary lists this many of the best distinct optima (and counts them all).
+LISTED_OPTIMA = 10
 
 
 def check_tolerance(at_best_tolerance: float | None) -> float:
@@ -59,6 +61,26 @@ def at_bounds(lowered: Any, result: Any, tolerance: float = AT_BOUND) -> dict[st
     return found
 
 
+def distinct_objectives(result: Any, tolerance: float | None = None) -> tuple:
+    """The distinct optima a fit's finished starts reached, told apart by objective alone:
+    ``((objective, start indices), ...)``, best first, each start joining the first optimum whose
+    best objective is within ``tolerance`` (None: 1e-3) of its own (the batched fit's
+    ``distinct_optima`` with no test on the points).
+
+    Ends on one flat valley (a non-identifiable direction: the same objective at points that
+    differ along it) are one optimum here, however far apart their points; a batched fit's
+    ``FitResult.optima`` separates ends by point as well. Failed and stalled starts are left out.
+    """
+    from ..inference.fitting._batched_fit import distinct_optima
+
+    tolerance = check_tolerance(tolerance)
+    values = np.array([s.objective if getattr(s, "finished", True) else np.inf for s in result.starts], dtype=np.float64)
+    points = np.zeros((values.size, 1))  # no test on the points: one unbounded coordinate, equal everywhere
+    groups = distinct_optima(values, points, np.array([-np.inf]), np.array([np.inf]), tolerance=tolerance,
+                             same_point=np.inf)  # fmt: skip
+    return tuple((float(values[g[0]]), tuple(int(i) for i in g)) for g in groups)
+
+
 def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = None) -> dict:
     """The summary's ``starts``, ``at_bound``, ``standard_errors_withheld`` and ``nominal_objective``
     entries, and ``advice``: the warning lines to print (popped by the caller).
@@ -66,7 +88,11 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     ``starts``: ``total``; ``finished`` (a finite objective, having moved); ``failed`` (the rest:
     no finite objective, or never moved from a start point far above the best); ``at_best``
     (within ``at_best_tolerance``, default 1e-3, of the best objective); the tolerance, the best
-    start's index and message.
+    start's index and message; ``optima``, the distinct optima the finished starts reached, told
+    apart by objective within the same tolerance (:func:`distinct_objectives`: ends on one
+    flat valley, whose points differ along a non-identifiable direction, are one optimum), best
+    first, as ``{"objective", "starts"}`` (at most :data:`LISTED_OPTIMA`; ``distinct_optima``
+    counts them all).
     """
     tolerance = check_tolerance(at_best_tolerance)
     finished = sum(bool(getattr(s, "finished", np.isfinite(s.objective))) for s in result.starts)
@@ -74,6 +100,9 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     starts = {"total": len(result.starts), "finished": int(finished), "failed": len(result.starts) - int(finished),
               "at_best": at_best, "at_best_tolerance": tolerance, "best": int(result.best),
               "message": result.message}  # fmt: skip
+    optima = distinct_objectives(result, tolerance)
+    starts["distinct_optima"] = len(optima)
+    starts["optima"] = [{"objective": value, "starts": len(members)} for value, members in optima[:LISTED_OPTIMA]]
     bound = at_bounds(lowered, result)
     withheld = {name: f"at its {side} bound (within {AT_BOUND:g} on the optimizer's scale): the Gauss-Newton "
                       "standard error describes no interval there; a profile does"

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 
 
 def one_line_warnings(stack: contextlib.ExitStack) -> None:
     """Show diffsoup's own warnings (a class of diffsoup's, as ``ToleranceWarning``) as one line
     ``diffsoup: warning: ...`` on stderr instead of Python's form (file, line and source line),
     each message once; other warnings keep Python's form. Undone when ``stack`` closes."""
-    import warnings
-
     shown: set[str] = set()
     python_form = warnings.showwarning
 

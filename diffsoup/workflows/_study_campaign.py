@@ -183,7 +183,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     lowered, items = plan.lowered, plan.items
     log(f"[diffsoup] campaign on {sf.name}: {len(items)} starts ({_method_label(settings)}), ledger {ledger}, "
         f"{'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
-    if resume:
+    if resume and not plan.blocks:  # blocks of starts (method batched) never had the old ids
         read_old_start_ids(ledger, items, digest, settings["hierarchical"], log)
     t0 = time.perf_counter()
     began = datetime.now(timezone.utc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -131,8 +132,6 @@ def profile_study(study: Any, out: Any, *, from_fit: Any, parameters: Sequence[s
             an unknown parameter or a bad option (each names what to change).
         RuntimeError: when every profile failed (the ledger holds the errors).
     """
-    from dataclasses import replace
-
     from ..distributed._profile_runs import profile
     from ..inference import ProfileOptions
     from ..inference.fitting._fit import optimizer_of

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ._auto_method import choose_method, default_backend, file_method
 from ._honest_answers import check_tolerance, honest_entries
 from ._output_folder import check_output_folder
 
@@ -205,7 +206,10 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
               log: Callable = print, at_best_tolerance: float | None = None) -> dict:  # fmt: skip
     """Fit a study file: multistart, the study lowered over the workers of ``client`` (by
     ``ds.distributed.run``: each worker holds a shard of the experiments) or, with
-    ``client=None``, in this process.
+    ``client=None``, in this process. With method ``"batched"`` and a client, the starts go to the
+    workers instead, in blocks (``ds.inference.multistart(method="batched", execution="dask")``:
+    each worker lowers the whole study and runs its blocks' starts as lanes), and the best distinct
+    optima are polished here.
 
     Args:
         study: the study file (a path or a loaded ``StudyFile``).
@@ -213,7 +217,10 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         client: a ``distributed.Client``, or None to fit here.
         method, starts, seed, max_nfev, hessian, hierarchical: override the file's ``[fit]`` settings
             (``hessian``: fides' Hessian, ``ds.inference.Fides(hessian=...)``, with method fides only;
-            ``hierarchical``: as for ``ds.inference.fit``, True or the parameters' names).
+            ``hierarchical``: as for ``ds.inference.fit``, True or the parameters' names). Method
+            ``"auto"`` (the default where the file's ``[fit]`` names none) is ``"batched"`` where
+            the default JAX backend is a GPU and there are at least 16 starts, else ``"fides"``
+            (:mod:`._auto_method`); the log and the summary's ``method_auto`` say why.
         progress: progress bars on stderr.
         plots: write the PNG plots.
         log: where progress lines go.
@@ -233,7 +240,7 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
     sf = _study_file(study)
     check_tolerance(at_best_tolerance)
     out = check_output_folder(out)  # created when the results are written: a stopped fit leaves no empty folder
-    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical)
+    settings = _settings(sf, method, starts, seed, max_nfev, hessian, hierarchical, client=client)
     log(f"[diffsoup] fitting {sf.name}: {len(sf.study.experiments)} experiments, "
         f"{sum(p.estimate for p in sf.study.parameters)} estimated parameters, {settings['starts']} starts "
         f"({_method_label(settings)}), {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
@@ -248,10 +255,18 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
         return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
                            at_best_tolerance=at_best_tolerance)
     from ..distributed import run
-    from ..distributed._dashboard import dashboard_line
+    from ..distributed._dashboard import dashboard_line, dashboard_url
     from ..distributed._compile_forwarding import forward_compile_progress
 
     forward_compile_progress(client)  # the workers' compilations are shown while the bar waits for them
+    if settings["method"] == "batched":  # blocks of starts on the workers, each lowering the whole study
+        if dashboard_url(client):
+            log(f"[diffsoup] {dashboard_line(client)}")  # the Dask dashboard and diffsoup's page
+            extra["dashboard"] = dashboard_url(client)
+        lowered, result = _fit_blocks(sf, client, fit_options)
+        extra["wall_seconds"] = round(time.perf_counter() - start, 3)
+        return _finish_fit(sf, lowered, result, out, command="fit", plots=plots, log=log, extra=extra,
+                           at_best_tolerance=at_best_tolerance)
     with run(sf.study, cluster=client, objective=sf.fit["objective"], solver=sf.solver) as lowered:
         if getattr(lowered, "dashboard", None):
             log(f"[diffsoup] {dashboard_line(lowered.client)}")  # the Dask dashboard and diffsoup's page
@@ -262,6 +277,23 @@ def fit_study(study: Any, out: Any, *, client: Any = None, method: str | None = 
                            at_best_tolerance=at_best_tolerance)
 
 
+def _fit_blocks(sf: Any, client: Any, options: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The batched fit as blocks of starts on the workers of ``client`` (a throw-away ledger):
+    ``(the lowered study here, the FitResult)``."""
+    from ..distributed._start_runs import fit_of, plan_starts, run_starts
+
+    t0 = time.perf_counter()
+    plan = plan_starts(StudyLowering(str(sf.path.resolve()), study_digest(sf)), starts=options["starts"],
+                       seed=options["seed"], method=options["method"], max_nfev=options["max_nfev"],
+                       resample_failed_starts=10, hierarchical=options["hierarchical"])  # fmt: skip
+    campaign = run_starts(plan, None, execution="dask", client=client, progress=options["progress"])
+    try:
+        return plan.lowered, fit_of(plan, campaign, seconds=time.perf_counter() - t0)
+    except RuntimeError as exc:
+        _explain_failed_fit(sf, exc, solve_failures=True)
+        raise
+
+
 def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, Any]):
     try:
         return fit(lowered, **options)
@@ -270,7 +302,11 @@ def _fit_or_explain(sf: Any, fit: Callable, lowered: Any, options: Mapping[str, 
         raise
 
 
-def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchical=None) -> dict:
+def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchical=None, *, client: Any = None) -> dict:
+    """The resolved ``[fit]`` settings: the file's, overridden by the arguments given; method
+    ``"auto"`` (the default where the file names none) resolved to a method, and ``"auto"`` the
+    reason (None where the method was named). ``client``: where the fit runs (its workers' JAX
+    backend decides ``auto``; None: this process's)."""
     from ..inference.fitting._fit import METHODS
 
     s = dict(sf.fit)
@@ -278,8 +314,16 @@ def _settings(sf: Any, method, starts, seed, max_nfev, hessian=None, hierarchica
                        ("hessian", hessian), ("hierarchical", hierarchical)):  # fmt: skip
         if value is not None:
             s[key] = value
+    if method is None:
+        s["method"] = file_method(sf) or "auto"
+    s["auto"] = None
+    if s["method"] == "auto":
+        if hessian is not None:  # a fides Hessian asked for: fides
+            s["method"], s["auto"] = "fides", f"--hessian {hessian} is fides' option"
+        else:
+            s["method"], s["auto"] = choose_method(int(s["starts"]), default_backend(client))
     if s["method"] not in METHODS:
-        raise ValueError(f"method={s['method']!r} must be one of {METHODS}.")
+        raise ValueError(f"method={s['method']!r} must be one of {METHODS + ('auto',)}.")
     h = s["hierarchical"]  # kept as JSON writes it: the summary and the campaign's ledger hold it
     s["hierarchical"] = h if h is None or isinstance(h, bool) else [h] if isinstance(h, str) else list(h)
     if hessian is not None and s["method"] != "fides":
@@ -304,14 +348,16 @@ def _optimizer(settings: Mapping[str, Any]) -> Any:
 
 def _method_label(settings: Mapping[str, Any]) -> str:
     label = f"fides, {settings['hessian']} Hessian" if settings["method"] == "fides" else settings["method"]
-    return label + (", hierarchical" if settings["hierarchical"] else "")
+    label += ", hierarchical" if settings["hierarchical"] else ""
+    return label + (f"; --method auto chose {settings['method']}: {settings['auto']}" if settings.get("auto") else "")
 
 
 def _fit_entries(settings: Mapping[str, Any]) -> dict:
     """The summary's ``hessian`` (fides' Hessian; not there for the other methods) and
     ``hierarchical`` (false, true, the names, or null: ``fit``'s default, the noise levels) entries."""
     return {**({"hessian": settings["hessian"]} if settings["method"] == "fides" else {}),
-            "hierarchical": settings["hierarchical"]}  # fmt: skip
+            "hierarchical": settings["hierarchical"],
+            **({"method_auto": settings["auto"]} if settings.get("auto") else {})}  # fmt: skip
 
 
 def _describe(client: Any) -> str:

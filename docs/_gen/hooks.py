@@ -6,6 +6,10 @@ Pages ask for them with an HTML comment on a line of its own:
         the layer table, from ``LAYERS`` in tests/test_layers.py (the one place the layers are
         written down) and the first sentence of each module's docstring
 
+    <!-- generate: imports -->
+        the kinds of function-level imports allowed, from ``DEFERRED_IMPORT_KINDS`` and
+        ``CYCLE_BREAKING_IMPORTS`` in tests/test_layers.py
+
     <!-- generate: benchmark FILE [table=KEY] [rows=PATH] [cols=COL,COL,...] -->
         tables from benchmarks/results/FILE: the markdown table the benchmark stored (``table=``,
         by default every ``table``/``table_markdown``/``memory_table_markdown`` string), or rows
@@ -37,14 +41,19 @@ STORED_TABLES = ("table_markdown", "table", "memory_table_markdown")
 # the layer table
 
 
-def layers() -> dict[str, float]:
-    """``LAYERS`` of tests/test_layers.py, read as a literal (the test module is not imported)."""
+def _test_layers_constant(name: str):
+    """The constant ``name`` of tests/test_layers.py, read as a literal (the test module is not imported)."""
     tree = ast.parse((ROOT / "tests" / "test_layers.py").read_text(encoding="utf-8"))
     for node in tree.body:
         target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == "LAYERS":
+        if isinstance(target, ast.Name) and target.id == name:
             return ast.literal_eval(node.value)
-    raise ValueError("tests/test_layers.py defines no LAYERS dict")
+    raise ValueError(f"tests/test_layers.py defines no {name}")
+
+
+def layers() -> dict[str, float]:
+    """``LAYERS`` of tests/test_layers.py."""
+    return _test_layers_constant("LAYERS")
 
 
 def _module_file(module: str) -> Path:
@@ -68,6 +77,22 @@ def layer_table() -> str:
         if path.endswith("/__init__.py"):
             path = path[: -len("__init__.py")]
         rows.append(f"| {layer:g} | `{path}` | {first_sentence(module)} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kinds of function-level imports
+
+
+def deferred_imports_table() -> str:
+    """``DEFERRED_IMPORT_KINDS`` and ``CYCLE_BREAKING_IMPORTS`` of tests/test_layers.py: what a
+    function-level import may defer, and the imports that break a cycle instead."""
+    rows = ["| a function-level import may defer | names |", "| --- | --- |"]
+    for kind, names in _test_layers_constant("DEFERRED_IMPORT_KINDS").items():
+        rows.append(f"| {kind} | {', '.join(f'`{n}`' for n in names)} |")
+    cycles = _test_layers_constant("CYCLE_BREAKING_IMPORTS")
+    listed = "; ".join(f"`{a}` imports `{b}`: {why}" for (a, b), why in sorted(cycles.items())) or "none"
+    rows.append(f"| an import cycle at module level, listed with its reason | {listed} |")
     return "\n".join(rows)
 
 
@@ -241,11 +266,13 @@ def expand(markdown: str) -> str:
         kind, arguments = match.group(1), match.group(2)
         if kind == "layers":
             return layer_table()
+        if kind == "imports":
+            return deferred_imports_table()
         if kind == "benchmark":
             return benchmark_tables(arguments)
         if kind == "api":
             return api_blocks(arguments)
-        raise ValueError(f"unknown generated part {kind!r}: layers, benchmark or api")
+        raise ValueError(f"unknown generated part {kind!r}: layers, imports, benchmark or api")
 
     return DIRECTIVE.sub(replace, markdown)
 

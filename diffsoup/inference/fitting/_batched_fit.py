@@ -25,6 +25,11 @@ distinct end points finished by fides.
    state only: an unpolished start that stopped in the basin of the best optimum (the batched
    phase stops early on stalls, ``stall_rtol``) but more than 1e-3 above it is not counted there.
 
+The phases are separate functions: :func:`run_block` (step 1 on a block of starts: ``fit`` runs
+all its starts as one block, ``multistart(method="batched")`` each block as a campaign task, on a
+worker) and :func:`polish_ends` (steps 2 and 3, on the host, over every block's end states);
+:func:`batched_result` makes the ``FitResult`` of both.
+
 The result is a :class:`~diffsoup.inference.FitResult` whose ``starts`` hold every start's end
 state, and whose ``optima`` list the distinct optima (:class:`Optimum`: objective, point, the starts
 that ended there), best first.
@@ -35,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -94,26 +99,42 @@ def distinct_optima(objectives: Sequence[float], points: np.ndarray, lower: np.n
     return groups
 
 
-def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: np.ndarray, replaceable: Sequence[bool],
-                *, seed: int, first_drawn: int, attempts: int, progress: bool, analytic: Any = None):  # fmt: skip
-    """``fit``'s path for :class:`BatchedTrustRegion` (see the module's docstring).
+class Block(NamedTuple):
+    """The end states of a block of starts (:func:`run_block`).
+
+    Attributes:
+        starts: one :class:`StartResult` per start, in the block's order.
+        statuses: the :class:`~diffsoup.inference.LaneStatus` name that ended each start.
+    """
+
+    starts: list
+    statuses: tuple
+
+
+def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: np.ndarray, replaceable: Sequence[bool],
+              *, seed: int, first: int = 0, first_drawn: int = 0, attempts: int = 0,
+              progress: bool = False) -> Block:  # fmt: skip
+    """The batched phase alone: every start of ``points`` run to its end, ``optimizer.lanes`` at a
+    time (no polish). ``fit`` runs all its starts as one block; a multistart campaign
+    (``multistart(method="batched")``) runs each block of starts as a task, on a worker.
 
     Args:
         low: the lowered study.
         optimizer: the options.
         points: ``(N, n_theta)`` start points (scaled, within the bounds).
         replaceable: per start, whether a start point that fails to solve is replaced (drawn ones).
-        seed: of the replacements; first_drawn: index of the first drawn start among ``points``
-            (1 after an ``x0``), so that a draw's replacements do not depend on ``x0``.
+        seed: of the replacements.
+        first: the index in the start stream of ``points[0]`` (a block's first start).
+        first_drawn: index among ``points`` of the first drawn start (1 after an ``x0``), so that
+            start ``first + i - first_drawn`` of the stream gets the replacements of its own index.
         attempts: most replacements of a drawn start point.
         progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
-        analytic: ``fit``'s analytic parameters, for the polish.
 
     Returns:
-        A ``FitResult`` with ``optima``.
+        A :class:`Block`: one :class:`StartResult` per start, in the order of ``points`` (a start
+        point that failed to solve ends with objective ``inf`` at its start point), and the
+        :class:`~diffsoup.inference.LaneStatus` name that ended each.
     """
-
-    began = time.perf_counter()
     scale, offset = float(low.scale), float(low.offset)
 
     def evaluate(thetas, active):
@@ -133,7 +154,7 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
 
     try:
         run = run_lanes(optimizer, evaluate, points, low.lower, low.upper,
-                        replace=lambda i, j: replacement_point(low, seed, i - first_drawn, j),
+                        replace=lambda i, j: replacement_point(low, seed, first + i - first_drawn, j),
                         attempts=[attempts if r else 0 for r in replaceable], on_iteration=on_iteration)  # fmt: skip
     finally:
         if bar is not None:
@@ -142,6 +163,21 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
                           e.status.converged, e.message + (f" ({e.failed} trial points failed to solve)" if e.failed else ""),
                           e.evaluations, e.accepted, e.seconds, (), e.resampled)
               for e in run.results]  # fmt: skip
+    return Block(starts, tuple(e.status.name for e in run.results))
+
+
+def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,
+                analytic: Any = None) -> tuple[list[StartResult], tuple[Optimum, ...]]:  # fmt: skip
+    """Steps 2 and 3 of the module's docstring: the batched end states clustered into distinct
+    optima, the best end of each of the ``optimizer.polish`` best ones (of distinct objectives)
+    finished by ``optimizer.polish_method`` (fides by default, with ``analytic``), and the final
+    end states clustered again.
+
+    Returns:
+        ``(starts, optima)``: every start's end state (the polished ones replaced, in the order
+        given) and the distinct optima of those, best first.
+    """
+    starts = list(starts)
     ends = np.stack([s.x for s in starts])
     groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
     polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
@@ -164,7 +200,46 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
         polished.add(group[0])
     # The distinct optima of the final end states (polished ends may have met).
     final = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), low.lower, low.upper)
-    optima = [Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in polished) for g in final]
-    result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=time.perf_counter() - began,
+    optima = tuple(Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in polished)
+                   for g in final)  # fmt: skip
+    return starts, optima
+
+
+def batched_result(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,
+                   seconds: float, analytic: Any = None) -> FitResult:  # fmt: skip
+    """The :class:`FitResult` of batched end states: :func:`polish_ends`, then the best start's
+    result with ``optima``.
+
+    Raises:
+        RuntimeError: if every start failed.
+    """
+    t0 = time.perf_counter()
+    starts, optima = polish_ends(low, optimizer, starts, analytic=analytic)
+    result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=seconds + time.perf_counter() - t0,
                                    analytic=analytic.names if analytic is not None and optimizer.polish else ())  # fmt: skip
-    return dataclasses.replace(result, optima=tuple(optima))
+    return dataclasses.replace(result, optima=optima)
+
+
+def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: np.ndarray, replaceable: Sequence[bool],
+                *, seed: int, first_drawn: int, attempts: int, progress: bool, analytic: Any = None):  # fmt: skip
+    """``fit``'s path for :class:`BatchedTrustRegion` (see the module's docstring): every start as
+    one block (:func:`run_block`), then :func:`batched_result`.
+
+    Args:
+        low: the lowered study.
+        optimizer: the options.
+        points: ``(N, n_theta)`` start points (scaled, within the bounds).
+        replaceable: per start, whether a start point that fails to solve is replaced (drawn ones).
+        seed: of the replacements; first_drawn: index of the first drawn start among ``points``
+            (1 after an ``x0``), so that a draw's replacements do not depend on ``x0``.
+        attempts: most replacements of a drawn start point.
+        progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
+        analytic: ``fit``'s analytic parameters, for the polish.
+
+    Returns:
+        A ``FitResult`` with ``optima``.
+    """
+    began = time.perf_counter()
+    starts = run_block(low, optimizer, points, replaceable, seed=seed, first_drawn=first_drawn, attempts=attempts,
+                       progress=progress).starts  # fmt: skip
+    return batched_result(low, optimizer, starts, seconds=time.perf_counter() - began, analytic=analytic)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..study._study import Study
+
 
 def balance_owners(experiments: Any, lanes: int, *, weight: Callable | None = None) -> Any:
     """Reorder a study's experiments so that equal consecutive blocks of owners carry balanced loads.
@@ -29,8 +31,6 @@ def balance_owners(experiments: Any, lanes: int, *, weight: Callable | None = No
     Raises:
         ValueError: for ``lanes`` below 1 or a negative or non-finite weight.
     """
-    from ..study._study import Study
-
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
         raise ValueError(f"balance_owners: lanes={lanes!r} must be a positive integer.")
     study = experiments if isinstance(experiments, Study) else None

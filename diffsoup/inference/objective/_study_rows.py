@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...integrate import SteadyState
 from ..study._multishoot import trajectory_signature, window_layout
 from ..study._noise_constants import dynamic_cells, term_constants
 from ._lane_inputs import LaneInputs, pack_arrays, pack_experiments
@@ -33,8 +34,6 @@ from ._terms import SIGMA_CELLS, SIGMA_ENTRY, SIGMA_FIXED, Group, Preequilibrate
 def steady_state_key(test):
     """The ``SteadyState`` test (None: its defaults), hashable (per-state ``atol`` as a tuple): it
     is part of a group's key."""
-    from ...integrate import SteadyState
-
     if test is None:
         return SteadyState()
     atol = test.atol

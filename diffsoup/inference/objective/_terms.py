@@ -27,8 +27,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ...integrate import CheckpointAdjoint, ForwardMode, Reset, simulate
+from ...integrate._steady_state_derivative import steady_state_with_derivatives
 from ..study._noise import SIGMA_CELLS, SIGMA_ENTRY, SIGMA_FIXED
 from ._lane_inputs import LaneInputs
 
@@ -137,8 +141,6 @@ class TermOperands(NamedTuple):
 def full_vector(estimated, scales, values, theta):
     """Every study entry's linear value, a JAX vector: ``values`` with the estimated entries (study
     indices ``estimated``, on ``scales``) taken from ``theta``."""
-    import jax.numpy as jnp
-
     theta = jnp.asarray(theta)
     full = jnp.asarray(values).astype(theta.dtype)
     est = np.asarray(estimated, dtype=np.int64)
@@ -151,8 +153,6 @@ def full_vector(estimated, scales, values, theta):
 
 def _gather(full, entry, fixed):
     """``full[entry]`` where ``entry >= 0``, else ``fixed``."""
-    import jax.numpy as jnp
-
     return jnp.where(entry >= 0, full[jnp.maximum(entry, 0)], fixed)
 
 
@@ -210,8 +210,6 @@ class LaneTerms:
     def _initial(self, full, pv, function, y0, y0_entry):
         """An initial state: ``function(p)``, else ``y0`` with the estimated entries ``y0_entry``
         (None: none) taken from ``full``."""
-        import jax.numpy as jnp
-
         dtype = self.problem.dtype
         if function is not None:
             return jnp.asarray(function(self.problem.params_dict(pv))).astype(dtype)
@@ -223,17 +221,11 @@ class LaneTerms:
         """The state the experiment's solve starts from: its ``y0``, or (pre-equilibration) the
         steady state under the pre-equilibration's parameters with ``y0``'s states re-set;
         returns ``(y0, status, steps)`` (status and steps of the pre-equilibration, else 0)."""
-        import jax
-        import jax.numpy as jnp
-
         group = self.group
         pre = group.preequilibration
         y0 = self._initial(full, pv, group.y0_function, a.y0, a.y0_entry if group.y0_entries else None)
         if pre is None:
             return y0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
-        from ...integrate import simulate
-        from ...integrate._steady_state_derivative import steady_state_with_derivatives
-
         pre_pv = jnp.where(a.pre_keep, pv, _gather(full, a.pre_entry, a.pre_fixed))
         start = self._initial(full, pre_pv, pre.y0_function, a.pre_y0, a.pre_y0_entry if pre.y0_entries else None)
         # The steady state is found without derivatives and differentiated by the implicit function
@@ -250,14 +242,10 @@ class LaneTerms:
     def _events(self, full, a: LaneInputs, pv) -> dict:
         """The keyword arguments of ``simulate`` for resets, discontinuities and ``+inf`` times
         (none for a group without them, so that its solve is the plain one)."""
-        import jax.numpy as jnp
-
         group = self.group
         kw: dict = {}
         if not (group.resets or group.discontinuities or group.steady_state is not None):
             return kw
-        from ...integrate import Reset
-
         pdict = self.problem.params_dict(pv)
         if group.resets:
             resets = []
@@ -276,11 +264,6 @@ class LaneTerms:
     def states(self, ops: TermOperands, full, a: LaneInputs, theta=None, *, forward: bool = True):
         """One experiment's states at its measurement times ``(m, n)``, its status and steps, and
         (multiple shooting) its continuity residuals ``(W-1, n)`` (else None)."""
-        import jax
-        import jax.numpy as jnp
-
-        from ...integrate import CheckpointAdjoint, ForwardMode, simulate
-
         problem, group = self.problem, self.group
         pv = self.model_parameters(full, a)
         adjoint = ForwardMode() if forward else CheckpointAdjoint(self.checkpoints)
@@ -310,9 +293,6 @@ class LaneTerms:
     def observe(self, full, a: LaneInputs, ys):
         """The observables ``(m, k)`` of one experiment's states ``ys`` at its times ``a.times``
         (the states themselves when the group observes every state)."""
-        import jax
-        import jax.numpy as jnp
-
         group = self.group
         if group.observables is None:
             return ys
@@ -324,9 +304,6 @@ class LaneTerms:
     def spreads(self, full, a: LaneInputs, h):
         """Every value's ``sigma`` (or Laplace ``scale``) ``(m, k)``, and the cells whose spread
         comes from a parameter or a function (None when none does)."""
-        import jax
-        import jax.numpy as jnp
-
         group = self.group
         mask = a.mask
         dynamic = None
@@ -361,8 +338,6 @@ class LaneTerms:
     @staticmethod
     def _by_column(laws, cell):
         """``cell(law)`` of each column's law, one ``(m, k)`` array (a ``where`` per further law)."""
-        import jax.numpy as jnp
-
         out = None
         for law, cols in laws:
             value = cell(law)
@@ -386,8 +361,6 @@ class LaneTerms:
     def from_states(self, ops: TermOperands, full, a: LaneInputs, ys, status, n_steps, cont, *, residuals: bool):
         """One experiment's ``(value or residuals, status, n_steps)`` from its solve's outputs
         (:meth:`states`): observe, compare with the data under the noise model."""
-        import jax.numpy as jnp
-
         group = self.group
         h = self.observe(full, a, ys)
         mask = a.mask

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ...integrate import ForwardMode, simulate
 from ..study._multishoot import Multishoot
 from ..study._solver_options import SolverOptions
 from ..study._study import Parameter, Study, entries_by_name
@@ -113,8 +114,6 @@ def compute_starts(study, values: np.ndarray, solver, experiment) -> np.ndarray:
         ValueError: for ``init="data"`` when a state is not observed.
         RuntimeError: naming the experiment, if the solve at the given values fails.
     """
-    from ...integrate import ForwardMode, simulate
-
     traj: Multishoot = experiment.trajectory
     problem = study.problem
     n = problem.n_states

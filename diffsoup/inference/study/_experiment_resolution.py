@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._experiment import Experiment
@@ -206,8 +208,6 @@ def _preequilibration(study, e: Experiment, plan) -> dict:
 
 def check_functions(study, e: Experiment, resolved: dict) -> None:
     """Trace the experiment's callables once (shapes only) for an early, named error."""
-    import jax
-
     prob = study.problem
     n, k = prob.n_states, resolved["k"]
     has_functions = (resolved["y0_function"] is not None or (resolved["pre"] or {}).get("y0_function") is not None
@@ -267,9 +267,6 @@ def observable_count(study, e: Experiment) -> int:
 
 def _traced_observable_count(study, e: Experiment) -> int:
     prob = study.problem
-    import jax
-    import jax.numpy as jnp
-
     y = jnp.ones((prob.n_states,), prob.dtype)
     p = {k: jnp.ones((), prob.dtype) for k in prob.parameter_names}
     p.update({k: jnp.ones((), prob.dtype) for k in e.observable_parameters})

@@ -1,0 +1,567 @@
+"""The :class:`LoweredStudy`: an inference problem compiled chunk by chunk on this process's
+devices -- its experiments placed on the devices (and balanced by step counts), chunk sizes chosen
+against the block limit, chunks packed and put on the devices once, every evaluation mode run
+chunk by chunk into a typed part, and ``restrict`` to a subset of the experiments. Made by
+``ds.lower`` (``_lower``, whose docstring describes the design); the programs it runs are
+``_chunk_programs``'."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ..._deprecated import renamed_keyword
+from ...integrate import Status
+from ._abstract_lowered import AbstractLoweredStudy, experiment_indices
+from ._balance import balance_owners
+from ._chunk_programs import (
+    Program,
+    ProgramKey,
+    cached_program,
+    chunk_function,
+    device_sum,
+    gauss_newton_sums,
+    over_points,
+    platform_signature,
+    remember_program,
+)
+from ._lowering_options import (
+    DEFAULT_CHUNK,
+    FORWARD_GRADIENT_MAX_THETA,
+    GPU_FILL,
+    PROBE_LANES,
+    SEQUENTIAL_COST,
+    SEQUENTIAL_COST_OTHERS,
+    check_lowering_options,
+    default_block_limit,
+)
+from ._parts import (
+    EVALUATION_MODES,
+    AbstractPart,
+    GaussNewtonPart,
+    GradientPart,
+    HessianPart,
+    JacobianPart,
+    ResidualsPart,
+    ValuePart,
+)
+from ._problem import InferenceProblem
+from ._terms import member_array
+
+
+# Compilation start/end records (``extra["diffsoup_compile"] = (event, what, seconds)``).
+_compile_log = logging.getLogger("diffsoup.compile")
+
+
+class LoweredStudy(AbstractLoweredStudy):
+    """An inference problem compiled chunk by chunk on this process's devices; make it with
+    :func:`lower` (or :meth:`restrict` one to a subset of its experiments).
+
+    Args:
+        problem: the :class:`InferenceProblem`.
+        layout, hessian, experiments_per_chunk, block_limit_bytes, fd_step, gradient, lane_mode:
+            as for :func:`lower` (``chunk_size`` too: the deprecated name of ``experiments_per_chunk``).
+        experiments: study indices or ids of the experiments to evaluate (None: all).
+        share_programs_with: a lowered study of the same problem and layout whose compiled programs
+            this one reuses and adds to (what :meth:`restrict` passes).
+
+    Besides :class:`AbstractLoweredStudy`'s attributes:
+
+    Attributes:
+        layout: the ``ds.Layout``; n_devices: devices along its data axis.
+        groups: the problem's groups that hold experiments of this study.
+        block_limit_bytes: the scratch limit per program.
+        hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
+        gradient_mode: ``"auto"``, ``"adjoint"`` or ``"forward"`` as asked; ``gradient_kind`` what
+            ``value_and_grad`` (and differenced Hessians) use.
+        lane_mode: ``"auto"``, ``"vmap"`` or ``"map"`` as asked; ``lane_modes`` maps ``(mode,
+            group)`` to ``"vmap"`` or ``"map"``, how that mode's lanes ran at its last evaluation.
+        search_log: ``(mode, group, lanes, kind, scratch_bytes, fits)`` of every program compiled
+            while choosing chunk sizes.
+    """
+
+    def __init__(
+        self,
+        problem: InferenceProblem,
+        *,
+        layout: Any = None,
+        hessian: str = "auto",
+        experiments_per_chunk: int | None = None,
+        block_limit_bytes: float | None = None,
+        fd_step: float = 1e-3,
+        gradient: str = "auto",
+        lane_mode: str = "auto",
+        experiments: Sequence[int | str] | None = None,
+        share_programs_with: "LoweredStudy | None" = None,
+        chunk_size: int | None = None,
+    ):
+        experiments_per_chunk = renamed_keyword("LoweredStudy", "chunk_size", chunk_size, "experiments_per_chunk",
+                                                experiments_per_chunk)  # fmt: skip
+
+        layout = check_lowering_options(hessian=hessian, gradient=gradient, lane_mode=lane_mode,
+                                        experiments_per_chunk=experiments_per_chunk,
+                                        block_limit_bytes=block_limit_bytes, fd_step=fd_step, layout=layout)
+        other = share_programs_with
+        if other is not None and not (isinstance(other, LoweredStudy) and other.problem is problem
+                                      and other.layout == layout):  # fmt: skip
+            raise ValueError("LoweredStudy: share_programs_with must be a LoweredStudy of the same problem and layout.")
+        super().__init__(problem, experiments)
+        self.layout = layout
+        self.hessian_mode = hessian
+        self.gradient_mode = gradient
+        self.gradient_kind = gradient if gradient != "auto" else (
+            "forward" if problem.n_theta <= FORWARD_GRADIENT_MAX_THETA else "adjoint"
+        )
+        self.hessian_kind: str | None = None if hessian == "auto" else hessian
+        # None: chosen (GPUs: from device memory; CPUs: searched from DEFAULT_CHUNK).
+        self.experiments_per_chunk = experiments_per_chunk
+        self.fd_step = float(fd_step)
+        self.n_devices = layout.data_size
+        self.mesh = layout.mesh if self.n_devices > 1 else None
+        devices = self.mesh.devices.reshape(-1) if self.mesh is not None else jax.devices()[:1]
+        self.platform = devices[0].platform
+        self.lane_mode = lane_mode
+        self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
+            default_block_limit(devices[0])
+        )
+        everything = len(self.experiment_indices) == len(problem.study.experiments)
+        keep = None if everything else set(self.experiment_indices)
+        groups, members, group_index = [], [], []
+        for index, g in enumerate(problem.groups):
+            mine = g.members if everything else tuple(i for i in g.members if i in keep)
+            if mine:
+                groups.append(g)
+                members.append(mine)
+                group_index.append(index)
+        self.groups = tuple(groups)
+        self._members = members  # this study's experiments of each group (study indices)
+        self._group_index = group_index  # each group's index in problem.groups
+        self.search_log: list = []
+        self._programs: dict = {}
+        self._sequential_programs: dict = {}  # lane_mode="auto": (mode, group) -> lanes one after the other
+        self.lane_modes: dict = {}  # (mode, group) -> how its lanes ran at its last evaluation
+        # ProgramKey -> (compiled, scratch bytes), shared by restrictions (beside the process's cache).
+        self._compiled: dict = other._compiled if other is not None else {}
+        self._chunks: dict = {}
+        self._device_operands = None
+        self._blocks = [device_blocks(mine, self.n_devices) for mine in members]
+        if layout.balance_steps and self.n_devices > 1:
+            self.balance()
+
+    def restrict(self, experiments: Sequence[int | str]) -> "LoweredStudy":
+        """A lowered study of the same problem (the same theta, bounds and options) that evaluates
+        only ``experiments`` (study indices or experiment ids). Its programs are chosen on first use;
+        a program of the same group and chunk size as one this study (or another restriction of
+        it) compiled is shared, not compiled again.
+        Its parts (:meth:`evaluate`) combine with those of the other experiments' studies into the
+        parts of the whole study.
+
+        Raises:
+            ValueError: for an experiment unknown to the study or not evaluated by this one.
+        """
+        chosen = experiment_indices(self.problem, experiments)
+        outside = sorted(set(chosen) - set(self.experiment_indices))
+        if outside:
+            ids = [self.problem.study.ids[i] for i in outside]
+            raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
+        return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode,
+                            experiments_per_chunk=self.experiments_per_chunk,
+                            block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
+                            gradient=self.gradient_mode, lane_mode=self.lane_mode, experiments=chosen,
+                            share_programs_with=self)  # fmt: skip
+
+    # -- placement ------------------------------------------------------------------------------
+    @property
+    def placement(self) -> dict:
+        """Experiment id -> index of the device (along the data axis) that solves it."""
+        ids = self.problem.study.ids
+        return {ids[i]: d for blocks in self._blocks for d in range(blocks.shape[0]) for i in blocks[d] if i >= 0}
+
+    def device_loads(self) -> np.ndarray:
+        """Accepted steps per device at the last evaluation (the sum over its experiments)."""
+        if np.any(self.steps[list(self.experiment_indices)] < 0):
+            self.value(self.nominal)
+        loads = np.zeros(self.n_devices, dtype=np.int64)
+        for blocks in self._blocks:
+            for d in range(blocks.shape[0]):
+                idx = blocks[d][blocks[d] >= 0]
+                loads[d] += int(self.steps[idx].sum())
+        return loads
+
+    def balance(self, theta: Any = None) -> np.ndarray:
+        """Move experiments between devices by their step counts at ``theta`` (default nominal).
+
+        The step counts are measured by one evaluation of the value program; the experiments are
+        then placed with :func:`balance_owners` (``lanes`` = devices, weight = steps) and sorted by
+        steps within each device. Compiled programs stay valid (same shapes).
+
+        Returns:
+            The device loads (steps) after the move.
+        """
+        self.value(self.nominal if theta is None else theta)
+        exps = self.problem.study.experiments
+        index = {e.id: i for i, e in enumerate(exps)}
+        steps = self.steps
+        D = self.n_devices
+        for gi, mine in enumerate(self._members):
+            ordered = balance_owners(tuple(exps[i] for i in mine), D, weight=lambda e: float(steps[index[e.id]]))
+            B = self._blocks[gi].shape[1]
+            blocks = np.full((D, B), -1, dtype=np.int64)
+            for d in range(D):
+                part = [index[e.id] for e in ordered[d * B : (d + 1) * B]]
+                part.sort(key=lambda i: -steps[i])
+                blocks[d, : len(part)] = part
+            self._blocks[gi] = blocks
+        self._chunks.clear()
+        return self.device_loads()
+
+    def _orders(self, gi: int, lanes: int) -> list[np.ndarray]:
+        blocks = self._blocks[gi]
+        D, B = blocks.shape
+        n_chunks = math.ceil(B / lanes)
+        padded = np.full((D, n_chunks * lanes), -1, dtype=np.int64)
+        padded[:, :B] = blocks
+        return [padded[:, j * lanes : (j + 1) * lanes].reshape(-1) for j in range(n_chunks)]
+
+    def _chunk_data(self, gi: int, lanes: int) -> list:
+        key = (gi, lanes)
+        if key not in self._chunks:
+            out = []
+            for order in self._orders(gi, lanes):
+                arrs = self.problem.pack(self.groups[gi], order)
+                if self.mesh is not None:
+                    data = jax.device_put(arrs, NamedSharding(self.mesh, PartitionSpec("data")))
+                else:
+                    data = jax.device_put(arrs)
+                out.append((order, data))
+            self._chunks[key] = out
+        return self._chunks[key]
+
+    # -- programs -------------------------------------------------------------------------------
+    def _operands(self):
+        """The problem's :class:`TermOperands` on the devices (replicated over the mesh), put once."""
+        if self._device_operands is None:
+            ops = self.problem.operands()
+            if self.mesh is not None:
+                self._device_operands = jax.device_put(ops, NamedSharding(self.mesh, PartitionSpec()))
+            else:
+                self._device_operands = jax.device_put(ops)
+        return self._device_operands
+
+    def _function_kind(self, mode: str, kind: str) -> str:
+        """The :class:`ProgramKey` kind that runs ``mode`` (``kind``: the Hessian's, for that mode)."""
+        fn_kind = {"exact": "exact", "fd": "value_and_grad"}.get(kind, mode) if mode == "hessian" else mode
+        if fn_kind == "value_and_grad" and self.gradient_kind == "forward":
+            fn_kind = "forward_gradient"
+        return fn_kind
+
+    def _compile(self, mode: str, kind: str, gi: int, lanes: int, lane_mode: str | None = None) -> Program:
+        fn_kind = self._function_kind(mode, kind)
+        # Chunk sizes are searched with the lanes in lock-step; "auto" adds the sequential program of
+        # the chosen size when an evaluation asks for it (_sequential_program).
+        lane_mode = lane_mode or ("map" if self.lane_mode == "map" else "vmap")
+        # Differenced Hessians run the gradient program; a program is shared by every study with the
+        # same key: restrictions of this one, and lowerings of the same study with other numbers.
+        key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, lane_mode, self.mesh,
+                         platform_signature())  # fmt: skip
+        hit = self._compiled.get(key) or cached_program(key)
+        if hit is None:
+            group = self.groups[gi]
+            example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
+            ops = self.problem.operands()
+            if self.mesh is not None:
+                lane_sh = NamedSharding(self.mesh, PartitionSpec("data"))
+                rep = NamedSharding(self.mesh, PartitionSpec())
+            else:
+                lane_sh = rep = None
+            arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
+            theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
+            ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
+            label = {"value_and_grad": "value_and_grad (adjoint)",
+                     "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
+            one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
+            what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
+                   f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
+            started = time.perf_counter()
+            # A listener (the command's progress lines) hears when a compilation starts and ends.
+            _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
+            compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
+            elapsed = time.perf_counter() - started
+            _compile_log.info("compiled the %s in %.1f s", what, elapsed,
+                              extra={"diffsoup_compile": ("end", what, elapsed)})  # fmt: skip
+            stats = compiled.memory_analysis()
+            scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+            hit = (compiled, scratch)
+            remember_program(key, hit)
+        self._compiled[key] = hit
+        return Program(mode, kind, lanes, hit[0], hit[1], lane_mode)
+
+    def _sequential_program(self, prog: Program, gi: int) -> Program:
+        """``prog`` with its lanes run one after the other (compiled on first use)."""
+        key = (prog.mode, gi)
+        if key not in self._sequential_programs:
+            self._sequential_programs[key] = self._compile(prog.mode, prog.kind, gi, prog.lanes, "map")
+        return self._sequential_programs[key]
+
+    def _runs_sequentially(self, prog: Program, gi: int) -> bool:
+        """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` runs its lanes
+        one after the other, judged from the step counts of the last evaluation
+        (``SEQUENTIAL_COST``); lock-step while any is unknown."""
+        if self.lane_mode != "auto" or self.platform != "cpu" or prog.lanes == 1:
+            return False
+        orders = np.stack(self._orders(gi, prog.lanes)).reshape(-1, self.n_devices, prog.lanes)  # chunk, device, lane
+        real = orders >= 0
+        steps = np.where(real, self.steps[np.maximum(orders, 0)], 0).astype(np.float64)
+        if np.any(steps[real] < 0):
+            return False
+        steps[~real] = steps[real].mean()  # a padding lane solves a copy of some experiment
+        # A chunk takes as long as its busiest device.
+        lockstep = float(np.sum(np.max(prog.lanes * steps.max(axis=2), axis=1)))
+        sequential = float(np.sum(np.max(steps.sum(axis=2), axis=1)))
+        slope, cap = SEQUENTIAL_COST.get(self._function_kind(prog.mode, prog.kind), SEQUENTIAL_COST_OTHERS)
+        return lockstep > min(cap, 1.0 + slope * (prog.lanes - 1)) * sequential
+
+    def _program(self, mode: str, gi: int) -> Program:
+        key = (mode, gi)
+        if key in self._programs:
+            return self._programs[key]
+        if mode == "hessian":
+            kinds = ("exact", "fd") if self.hessian_mode == "auto" else (self.hessian_mode,)
+        else:
+            kinds = (mode,)
+        B = self._blocks[gi].shape[1]
+        fill_device = self.platform != "cpu" and self.experiments_per_chunk is None
+        first = self._largest_fitting_lanes(mode, kinds[0], gi, B) if fill_device else (
+            min(math.ceil((self.experiments_per_chunk or DEFAULT_CHUNK) / self.n_devices), B))  # fmt: skip
+        n_chunks = math.ceil(B / first)
+        while True:
+            lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
+            for kind in kinds:
+                prog = self._compile(mode, kind, gi, lanes)
+                fits = prog.scratch <= self.block_limit_bytes
+                self.search_log.append((mode, gi, lanes * self.n_devices, kind, prog.scratch, fits))
+                if fits:
+                    self._programs[key] = prog
+                    if mode == "hessian":
+                        self.hessian_kind = kind
+                    return prog
+            if lanes == 1:
+                raise RuntimeError(
+                    f"lower: the {mode!r} program of one experiment per device needs {prog.scratch} bytes of "
+                    f"scratch, above block_limit_bytes={self.block_limit_bytes:.0f}; raise the limit, loosen "
+                    "max_steps/checkpoints, or use more devices."
+                )
+            if fill_device:  # the extrapolation erred: shrink in proportion (at least one chunk more)
+                shrunk = max(1, int(lanes * GPU_FILL * self.block_limit_bytes / max(prog.scratch, 1)))
+                n_chunks = max(n_chunks + 1, math.ceil(B / shrunk))
+            else:
+                n_chunks *= 2
+
+    def _largest_fitting_lanes(self, mode: str, kind: str, gi: int, B: int) -> int:
+        """Lanes per device of the largest chunk of group ``gi`` whose scratch fits the block
+        limit, extrapolated from the scratch of a probe program of ``PROBE_LANES`` lanes."""
+        probe_lanes = min(PROBE_LANES, B)
+        probe = self._compile(mode, kind, gi, probe_lanes)
+        self.search_log.append((mode, gi, probe_lanes * self.n_devices, kind, probe.scratch, "probe"))
+        if probe_lanes == B:
+            return B
+        per_lane = max(probe.scratch, 1) / probe_lanes
+        return max(1, min(B, int(GPU_FILL * self.block_limit_bytes / per_lane)))
+
+    def compile(self, modes: Sequence[str] = ("value", "value_and_grad", "jacobian")) -> "LoweredStudy":
+        """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use).
+
+        With ``lane_mode="auto"`` on a CPU this includes each chunk's program with its lanes one
+        after the other, so that no later evaluation of these modes compiles."""
+        for mode in modes:
+            if mode not in EVALUATION_MODES:
+                raise ValueError(f"compile: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
+            mode = "jacobian" if mode == "gauss_newton" else mode  # Gauss-Newton runs the Jacobian program
+            for gi in range(len(self.groups)):
+                prog = self._program(mode, gi)
+                if self.lane_mode == "auto" and self.platform == "cpu" and prog.lanes > 1:
+                    self._sequential_program(prog, gi)
+        return self
+
+    @property
+    def scratch_bytes(self) -> dict:
+        """Mode -> scratch bytes of its largest chunk program (modes compiled so far)."""
+        out: dict = {}
+        for (mode, _), prog in self._programs.items():
+            out[mode] = max(out.get(mode, 0), prog.scratch)
+        return out
+
+    @property
+    def chunk_sizes(self) -> dict:
+        """Mode -> experiments per chunk (all devices together), one entry per group: the sizes
+        chosen (``experiments_per_chunk`` is the size asked for)."""
+        out: dict = {}
+        for (mode, gi), prog in sorted(self._programs.items(), key=lambda kv: kv[0]):
+            out.setdefault(mode, []).append(prog.lanes * self.n_devices)
+        return out
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _dispatch(self, mode: str, theta: np.ndarray, groups: Sequence[int] | None = None):
+        """Run every chunk of ``mode`` (of ``groups``, default all); return (per-chunk outputs,
+        orders) without transferring anything to the host."""
+        outs, orders = [], []
+        for gi in range(len(self.groups)) if groups is None else groups:
+            prog = self._program(mode, gi)
+            if self._runs_sequentially(prog, gi):
+                prog = self._sequential_program(prog, gi)
+            self.lane_modes[(mode, gi)] = prog.lane_mode
+            for order, data in self._chunk_data(gi, prog.lanes):
+                outs.append(prog.compiled(theta, data, self._operands()))
+                orders.append(order)
+        return outs, orders
+
+    def _bookkeeping(self, orders, statuses, steps) -> dict:
+        """``failures`` (id -> Status) and ``steps`` (index -> steps) of the chunks' real lanes; a
+        later chunk of the same experiment (differenced Hessians) overwrites an earlier one."""
+        failures: dict = {}
+        counts: dict = {}
+        ids = None
+        for order, st, ns in zip(orders, statuses, steps):
+            st, ns = np.asarray(st), np.asarray(ns)
+            real = order >= 0
+            counts.update(zip(order[real].tolist(), ns[real].tolist()))
+            bad = real & (st != 0)
+            if bad.any():
+                ids = self.problem.study.ids if ids is None else ids
+                failures.update((ids[i], Status(s)) for i, s in zip(order[bad].tolist(), st[bad].tolist()))
+        return {"failures": failures, "steps": counts}
+
+    @staticmethod
+    def _rows(orders, per_chunk) -> dict:
+        """Per-chunk lane arrays ``(lanes, R, ...)`` -> experiment index -> its ``(R, ...)``."""
+        rows = {}
+        for order, arr in zip(orders, per_chunk):
+            for lane, i in enumerate(order):
+                if i >= 0:
+                    rows[int(i)] = np.asarray(arr[lane])
+        return rows
+
+    def compute(self, mode: str, theta: np.ndarray) -> AbstractPart:
+        """The part of ``mode`` at ``theta``: every chunk runs on the device, the chunks' sums are
+        formed there, and one transfer brings the part to the host."""
+        if mode == "value":
+            outs, orders = self._dispatch("value", theta)
+            v, st, ns = jax.device_get((device_sum([o[0] for o in outs]), [o[1] for o in outs], [o[2] for o in outs]))
+            return ValuePart(value=float(v), **self._bookkeeping(orders, st, ns))
+        if mode == "value_and_grad":
+            outs, orders = self._dispatch("value_and_grad", theta)
+            v, g = device_sum([o[0] for o in outs]), device_sum([o[1] for o in outs])
+            v, g, st, ns = jax.device_get((v, g, [o[2] for o in outs], [o[3] for o in outs]))
+            return GradientPart(value=float(v), grad=np.asarray(g), **self._bookkeeping(orders, st, ns))
+        if mode == "residuals":
+            outs, orders = self._dispatch("residuals", theta)
+            r, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(3)))
+            return ResidualsPart(residuals=self._rows(orders, r), **self._bookkeeping(orders, st, ns))
+        if mode == "jacobian":
+            outs, orders = self._dispatch("jacobian", theta)
+            r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
+            return JacobianPart(residuals=self._rows(orders, r), jacobian=self._rows(orders, J),
+                                **self._bookkeeping(orders, st, ns))  # fmt: skip
+        if mode == "gauss_newton":
+            outs, orders = self._dispatch("jacobian", theta)
+            sums = gauss_newton_sums([(o[0], o[1]) for o in outs])
+            (ss, jtr, jtj), st, ns = jax.device_get((sums, [o[2] for o in outs], [o[3] for o in outs]))
+            return GaussNewtonPart(sum_sq=float(ss), jtr=np.asarray(jtr), jtj=np.asarray(jtj),
+                                   **self._bookkeeping(orders, st, ns))  # fmt: skip
+        if mode == "hessian":
+            return self._hessian_part(theta)
+        raise ValueError(f"evaluate: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
+
+    def _hessian_part(self, theta: np.ndarray) -> HessianPart:
+        """Exact (forward over reverse) or central differences of gradients (step ``fd_step`` in
+        theta's units), group by group as each group's program was chosen; not symmetrised."""
+        k, h = self.problem.n_theta, self.fd_step
+        H = None
+        statuses, steps, all_orders = [], [], []
+        for gi in range(len(self.groups)):
+            if self._program("hessian", gi).kind == "exact":
+                outs, orders = self._dispatch("hessian", theta, [gi])
+                part = device_sum([o[0] for o in outs])
+                statuses += [o[1] for o in outs]
+                steps += [o[2] for o in outs]
+                all_orders += orders
+            else:
+                cols = []
+                for i in range(k):
+                    e = np.zeros(k)
+                    e[i] = h
+                    grads = []
+                    for sign in (1.0, -1.0):
+                        outs, orders = self._dispatch("hessian", theta + sign * e, [gi])
+                        grads.append(device_sum([o[1] for o in outs]))
+                        statuses += [o[2] for o in outs]
+                        steps += [o[3] for o in outs]
+                        all_orders += orders
+                    cols.append((grads[0] - grads[1]) / (2 * h))
+                part = jnp.stack(cols, axis=1)
+            H = part if H is None else H + part
+        H, st, ns = jax.device_get((H, statuses, steps))
+        return HessianPart(hessian=np.asarray(H), **self._bookkeeping(all_orders, st, ns))
+
+    def residuals_and_jacobians(self, thetas, active=None) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """Residuals and Jacobians at ``s`` points at once (``AbstractLoweredStudy``'s contract):
+        each chunk's Jacobian program run over the points within one program (compiled once per
+        number of points), one transfer for all of them. The points are lanes as the experiments
+        are: in lock-step (``vmap``) on a GPU or with ``lane_mode="vmap"``; one after the other
+        (``lax.map``, each point's experiments too) on a CPU under ``"auto"`` and with ``"map"``,
+        where lock-step makes every point take as many steps as the stiffest one (Boehm, 8 points
+        of 21 to 251 steps: 37 ms of CPU in lock-step, 29 ms one after the other), and where a
+        point that ``active`` marks False is skipped (NaN residuals)."""
+        thetas = np.atleast_2d(np.asarray(thetas, dtype=np.float64))
+        if thetas.ndim != 2 or thetas.shape[1] != self.problem.n_theta:
+            raise ValueError(f"residuals_and_jacobians: thetas has shape {thetas.shape}; expected (s, {self.problem.n_theta}).")
+        if self.mesh is not None:
+            raise ValueError("residuals_and_jacobians: points as lanes need a lowered study on one device; lower it "
+                             "without a data mesh (layout=None) for method='batched'.")  # fmt: skip
+        active = np.ones(len(thetas), dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        outs, orders = [], []
+        for gi in range(len(self.groups)):
+            prog = self._program("jacobian", gi)
+            lockstep = self.lane_mode == "vmap" or (self.lane_mode == "auto" and self.platform != "cpu")
+            # One after the other over the points, and over each point's experiments as well (a
+            # chunk of Bruno's 6 experiments in lock-step took 21 ms per point, 12 ms alone).
+            key = ("points", lockstep, ProgramKey("jacobian", self.problem.terms(self.groups[gi]), prog.lanes,
+                                                  prog.lane_mode if lockstep else "map", None,
+                                                  platform_signature()))  # fmt: skip
+            if key not in self._compiled:  # jit compiles it once per number of points
+                self._compiled[key] = jax.jit(over_points(chunk_function(key[2]), lockstep))
+            for order, data in self._chunk_data(gi, prog.lanes):
+                outs.append(self._compiled[key](thetas, active, data, self._operands()))
+                orders.append(order)
+        r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
+        residuals, jacobians, failures = [], [], []
+        for p in range(thetas.shape[0]):
+            residuals.append(self._stacked(self._rows(orders, [x[p] for x in r])))
+            jacobians.append(self._stacked(self._rows(orders, [x[p] for x in J])))
+            failures.append(self._bookkeeping(orders, [x[p] for x in st], [x[p] for x in ns])["failures"])
+            if failures[-1] or not active[p]:
+                residuals[-1] = np.full_like(residuals[-1], np.nan)
+        return np.stack(residuals), np.stack(jacobians), tuple(failures)
+
+    def __repr__(self) -> str:
+        n, total = len(self.experiment_indices), len(self.problem.study.experiments)
+        which = f"{n} experiments" if n == total else f"{n} of {total} experiments"
+        return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}, chunks={self.chunk_sizes})"
+
+
+def device_blocks(members, n_devices: int) -> np.ndarray:
+    """``(devices, B)`` study indices of a group's ``members`` split in order over the devices
+    (-1: padding)."""
+    mine = member_array(members)
+    B = math.ceil(mine.size / n_devices)
+    blocks = np.full(n_devices * B, -1, dtype=np.int64)
+    blocks[: mine.size] = mine
+    return blocks.reshape(n_devices, B)
+
