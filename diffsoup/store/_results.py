@@ -51,6 +51,9 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from ..integrate import Status
+from ._durable_files import write_text_durably
+
 FORMAT = "diffsoup.fit/1"
 SIMULATION_FORMAT = "diffsoup.simulation/1"
 
@@ -138,8 +141,6 @@ def _stored_predictions(study: Any, problem: Any, predictions: Mapping[str, dict
 
 
 def _write_experiments(root: Any, study: Any, predictions: Mapping[str, dict], observables: Mapping | None) -> None:
-    from ..integrate import Status
-
     if _keeps_an_experiment_axis(study):
         _write_experiment_arrays(root, study, predictions, observables)
         return
@@ -268,8 +269,6 @@ def read_fit(path: Any) -> dict:
 
 def _experiments_of_arrays(group: Any) -> dict:
     """``read_fit``'s per-experiment records of the array layout."""
-    from ..integrate import Status
-
     a = {name: np.asarray(group[name][...]) for name in group.array_keys()}
     codes = set(int(c) for c in Status)
     out = {}
@@ -284,8 +283,6 @@ def _experiments_of_arrays(group: Any) -> dict:
 def write_summary(path: Any, summary: Mapping[str, Any]) -> Path:
     """Write a JSON summary (sorted keys, two-space indent) durably: a reader sees the old file or
     the new one."""
-    from ._durable_files import write_text_durably
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_durably(path, json.dumps(summary, indent=2, sort_keys=True, default=_json_default) + "\n")

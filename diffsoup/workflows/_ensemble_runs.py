@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .._deprecated import renamed_keyword
 from ._output_folder import check_output_folder
+from ._study_runs import _describe, _relative, _study_file
 
 SUMMARY_FORMAT = "diffsoup.summary/1"
 SAMPLERS = ("lhs", "sobol")
@@ -47,10 +49,8 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         ValueError: for a bad ``samples``/``sampler`` (Sobol' needs a power of 2), or a store at
             ``<out>/simulation.zarr`` written for other draws (then pass ``resume=False``).
     """
-    from .._deprecated import renamed_keyword
     from ..distributed import ensemble, sample
     from ..store import write_summary
-    from ._study_runs import _describe, _relative, _study_file
 
     draws_per_chunk = renamed_keyword("simulate_samples", "chunk_size", chunk_size, "draws_per_chunk",
                                       draws_per_chunk)  # fmt: skip

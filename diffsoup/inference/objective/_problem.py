@@ -28,6 +28,7 @@ import functools
 import math
 from typing import Mapping, Sequence
 
+import jax
 import numpy as np
 
 from ...integrate._tolerance import checked_rtol
@@ -308,8 +309,6 @@ class InferenceProblem:
     def _predicted_chunks(self, group: Group, theta, points: int = 0):
         """``(rows, states, observables, status, curve_times, curve)`` of the group's experiments,
         ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape)."""
-        import jax
-
         ops = self.operands()
         run = _prediction_program()
         terms = self.terms(group)
@@ -401,8 +400,6 @@ def _prediction_program():
     """``(terms, theta, operands, arrays) -> (states, observables, status)`` of a group's
     experiments, jitted once per :class:`LaneTerms` and shapes (theta and the operands are
     arguments: predictions at new points compile nothing)."""
-    import jax
-
     def run(terms: LaneTerms, theta, ops: TermOperands, arrs):
         full = terms.full_vector(theta, ops)
 

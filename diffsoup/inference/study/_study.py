@@ -7,13 +7,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ...model import Problem, ProblemSpec, ReactionNetwork
 from ._array_plan import check_levels, resolve_arrays
 from ._experiment import Experiment
-from ._experiment_arrays import ExperimentArrays, ExperimentViews
+from ._experiment_arrays import ExperimentArrays, ExperimentViews, experiment_arrays
 from ._experiment_resolution import check_experiment_levels, check_functions, observable_count, resolve_experiment
 from ._noise import Gaussian
-from ._row_index import row_index_of_arrays, row_index_of_experiments
 from ._parameter import EXPERIMENT_LEVEL, SCALES, Entry, Parameter, ParameterError  # noqa: F401 (re-exported)
+from ._row_index import row_index_of_arrays, row_index_of_experiments
+from ._study_table import study_arrays_of_table
 
 
 class Study:
@@ -180,8 +182,6 @@ class Study:
                 data, times out of order or before ``t0``, non-positive spreads, unknown condition
                 or state names, a level member in two outer members, shapes that do not match.
         """
-        from ._experiment_arrays import experiment_arrays
-
         problem = problem_of(problem)
         arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conditions,
                                    noise=Gaussian() if noise is None else noise, groups=groups,
@@ -227,8 +227,6 @@ class Study:
                 an experiment), or, after pivoting, the experiment and the field as
                 :meth:`from_arrays` does.
         """
-        from ._study_table import study_arrays_of_table
-
         problem = problem_of(problem)
         arrays, levels = study_arrays_of_table(problem, table, **options)
         return cls(problem, arrays, parameters, levels=levels)
@@ -333,8 +331,6 @@ class Study:
 
 def problem_of(problem: Any) -> Any:
     """A built ``ds.Problem`` of a problem, spec or reaction network."""
-    from ...model import Problem, ProblemSpec, ReactionNetwork
-
     if isinstance(problem, ReactionNetwork):
         problem = problem.to_spec()
     if isinstance(problem, ProblemSpec):
