@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..inference import Preequilibration, Study
+from ..inference.study._study_table import read_table
 from ..integrate import Reset, SteadyState
 from ._expressions import EXPRESSION_FUNCTIONS, Observables
 from ._reader import TomlReader
@@ -52,8 +53,6 @@ def read_experiment_table(context, problem: Any, parameters: list, raw: Any):
         r.known(k, context.states, field + ("y0", k), "species")
         y0[k] = v if isinstance(v, str) else r.number(v, field + ("y0", k))
     t0 = r.number(raw.get("t0", 0.0), field + ("t0",))
-    from ..inference.study._study_table import read_table
-
     try:
         df = read_table(file)
     except (ValueError, ImportError, OSError) as exc:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import warnings
 from datetime import datetime, timezone
@@ -143,8 +144,6 @@ class EnsembleStore:
             ValueError: ``path`` holds something other than this ensemble's store (another
                 ensemble, another kind of store, files) and ``overwrite`` is not set.
         """
-        import shutil
-
         import zarr
 
         path = Path(path)

@@ -51,6 +51,9 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from ..integrate import Status
+from ._durable_files import write_text_durably
+
 FORMAT = "diffsoup.fit/1"
 SIMULATION_FORMAT = "diffsoup.simulation/1"
 
@@ -107,15 +110,30 @@ def _write_experiment_arrays(root: Any, study: Any, predicted: Mapping[str, Any]
     put("status_code", np.asarray(predicted["status"], dtype=np.int32))
 
 
-def _predicted_arrays(problem: Any, predictions: Mapping[str, dict] | None, theta: Any) -> dict:
-    """``predict_arrays`` of a study held as arrays, from per-experiment ``predictions`` when given."""
+def _keeps_an_experiment_axis(study: Any) -> bool:
+    """The store's layout of a study's experiments: with an experiment axis (``layout = "arrays"``)
+    for a study held as arrays, else one group per experiment (the layout readers of those stores
+    know, with window starts)."""
+    return study.arrays is not None
+
+
+def _stored_predictions(study: Any, problem: Any, predictions: Mapping[str, dict] | None, theta: Any) -> Mapping:
+    """The predictions as the study's layout stores them: ``predict_arrays`` (from per-experiment
+    ``predictions`` when given) for the experiment axis; else per experiment, with the window
+    starts of ``problem`` (None: none) at ``theta``."""
+    if not _keeps_an_experiment_axis(study):
+        predictions = dict(predictions or problem.predict(theta))
+        for eid, starts in (problem.window_values(theta) if problem is not None else {}).items():
+            predictions[eid] = {**predictions[eid], "window_starts": starts}
+        return predictions
     if predictions is None:
         return problem.predict_arrays(theta)
-    arrays = problem.study.arrays
-    E, m, k = arrays.shape
-    out = {"states": np.full((E, m, problem.study.problem.n_states), np.nan), "observables": np.full((E, m, k), np.nan),
+    if "states" in predictions:  # already predict_arrays
+        return predictions
+    E, m, k = len(study), study.rows.times.shape[1], study.n_observables
+    out = {"states": np.full((E, m, study.problem.n_states), np.nan), "observables": np.full((E, m, k), np.nan),
            "status": np.zeros(E, dtype=np.int32)}  # fmt: skip
-    for i, eid in enumerate(arrays.ids.tolist()):
+    for i, eid in enumerate(study.ids):
         p = predictions[eid]
         mi = p["states"].shape[0]
         out["states"][i, :mi], out["observables"][i, :mi], out["status"][i] = p["states"], p["observables"], p["status"]
@@ -123,9 +141,7 @@ def _predicted_arrays(problem: Any, predictions: Mapping[str, dict] | None, thet
 
 
 def _write_experiments(root: Any, study: Any, predictions: Mapping[str, dict], observables: Mapping | None) -> None:
-    from ..integrate import Status
-
-    if study.arrays is not None:
+    if _keeps_an_experiment_axis(study):
         _write_experiment_arrays(root, study, predictions, observables)
         return
     for i, e in enumerate(study.experiments):
@@ -167,12 +183,7 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, 
         raise ValueError(
             "write_fit: result.theta_names differ from the lowered study's; pass the study that was fitted."
         )
-    if problem.study.arrays is not None:
-        predictions = _predicted_arrays(problem, predictions, result.theta)
-    else:
-        predictions = dict(predictions or problem.predict(result.theta))
-        for eid, starts in problem.window_values(result.theta).items():
-            predictions[eid] = {**predictions[eid], "window_starts": starts}
+    predictions = _stored_predictions(problem.study, problem, predictions, result.theta)
     with _atomic_group(Path(path), overwrite, "write_fit") as root:
         root.create_array("theta", data=np.asarray(result.theta, dtype=np.float64))
         root.create_array("covariance", data=np.asarray(result.covariance, dtype=np.float64))
@@ -197,21 +208,13 @@ def write_simulation(path: Any, study: Any, predictions: Mapping[str, dict], par
     Raises:
         FileExistsError: if ``path`` exists and ``overwrite`` is False.
     """
-    if study.arrays is not None and "states" not in predictions:
-        predictions = _predicted_arrays(_ArraysOnly(study), predictions, None)
+    predictions = _stored_predictions(study, None, predictions, None)
     with _atomic_group(Path(path), overwrite, "write_simulation") as root:
         _write_experiments(root, study, predictions, observables)
         root.attrs.update(format=SIMULATION_FORMAT, kind="simulation",
                           parameters={k: float(v) for k, v in parameters.items()},
                           states=list(study.problem.state_names))  # fmt: skip
     return Path(path)
-
-
-class _ArraysOnly:
-    """What ``_predicted_arrays`` reads of a problem, for a study alone."""
-
-    def __init__(self, study: Any):
-        self.study = study
 
 
 def read_experiment_arrays(path: Any) -> dict:
@@ -266,8 +269,6 @@ def read_fit(path: Any) -> dict:
 
 def _experiments_of_arrays(group: Any) -> dict:
     """``read_fit``'s per-experiment records of the array layout."""
-    from ..integrate import Status
-
     a = {name: np.asarray(group[name][...]) for name in group.array_keys()}
     codes = set(int(c) for c in Status)
     out = {}
@@ -282,8 +283,6 @@ def _experiments_of_arrays(group: Any) -> dict:
 def write_summary(path: Any, summary: Mapping[str, Any]) -> Path:
     """Write a JSON summary (sorted keys, two-space indent) durably: a reader sees the old file or
     the new one."""
-    from ._durable_files import write_text_durably
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_durably(path, json.dumps(summary, indent=2, sort_keys=True, default=_json_default) + "\n")

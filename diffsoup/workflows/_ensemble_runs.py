@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .._deprecated import renamed_keyword
 from ._output_folder import check_output_folder
+from ._study_runs import _describe, _relative, _study_file
 
 SUMMARY_FORMAT = "diffsoup.summary/1"
 SAMPLERS = ("lhs", "sobol")
@@ -47,10 +49,8 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         ValueError: for a bad ``samples``/``sampler`` (Sobol' needs a power of 2), or a store at
             ``<out>/simulation.zarr`` written for other draws (then pass ``resume=False``).
     """
-    from .._deprecated import renamed_keyword
     from ..distributed import ensemble, sample
     from ..store import write_summary
-    from ._study_runs import _describe, _relative, _study_file
 
     draws_per_chunk = renamed_keyword("simulate_samples", "chunk_size", chunk_size, "draws_per_chunk",
                                       draws_per_chunk)  # fmt: skip
@@ -66,8 +66,7 @@ def simulate_samples(study: Any, out: Any, *, samples: int, sampler: str = "lhs"
         log("[diffsoup] waiting for the first Dask worker ...")
         client.wait_for_workers(1)
     names = {tuple(v) for v in sf.observables.values()}
-    arrays = sf.study.arrays
-    k = arrays.shape[2] if arrays is not None else max(e.n_observables for e in sf.study.experiments)
+    k = sf.study.n_observables
     output_names = next(iter(names)) if len(names) == 1 and len(next(iter(names))) == k else None
     ens = ensemble(sf.study, params=draws, solver=sf.solver, draws_per_chunk=draws_per_chunk, output_names=output_names,
                    client=client)  # fmt: skip

@@ -218,7 +218,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
         raise
     fresh = [r.result for r in done if r.task_id not in earlier]
     solves = window_solves() - solves_before + sum(int(r.get("window_solves", 0)) for r in fresh)
-    if sf.study.arrays is None and any(e.trajectory is not None for e in sf.study.experiments):  # arrays hold none
+    if sf.study.shooting:
         log(f"[diffsoup] window-start solves in this run: {solves}"
             + (" (every window start came from the store)" if solves == 0 else ""))
     extra = {

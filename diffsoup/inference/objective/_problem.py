@@ -1,7 +1,8 @@
 """``ds.inference.InferenceProblem``: a study, the parameters to estimate, the objective and solver options.
 
-It turns the study into arrays (one row per experiment, grouped by the shapes that can be
-vmapped together) and defines the per-experiment terms the lowered objective sums:
+It reads the study's experiments through :mod:`._study_rows` (the one place that knows how the
+study holds them) as arrays, one row per experiment, grouped by the shapes that can be vmapped
+together, and defines the per-experiment terms the lowered objective sums:
 
 - the terms of each measured value by its noise model (:mod:`diffsoup.inference.objective._terms`): Gaussian
   ``r = (h - d) / sigma``, log-normal ``r = (log_b h - log_b d) / sigma``, Laplace and log-Laplace
@@ -25,31 +26,25 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Mapping, Sequence
 
+import jax
 import numpy as np
 
 from ...integrate._tolerance import checked_rtol
-from ..study._multishoot import trajectory_signature, window_layout
+from ..shooting._window_cache import WindowCache, window_cache
+from ..shooting._windows import window_starts
 from ..study._solver_options import SolverOptions
-from ..study._noise_constants import dynamic_cells, term_constants
-from ._lane_inputs import LaneInputs, pack_arrays, pack_experiments
 from ..study._study import Study, entries_by_name
+from ._lane_inputs import LaneInputs
+from ._study_rows import study_rows
 from ._terms import (  # noqa: F401 (Group, LaneTerms, TermOperands, full_vector: re-exported)
-    SIGMA_CELLS,
-    SIGMA_ENTRY,
-    SIGMA_FIXED,
     Group,
     LaneTerms,
-    Preequilibrated,
     TermOperands,
     full_vector,
     member_array,
 )
-from ._same_functions import WARN_FUNCTION_GROUPS, ProgramGroupsWarning, SameFunctions, describe, erased
-from ..shooting._window_cache import WindowCache, window_cache
-from ..shooting._windows import window_starts
 
 OBJECTIVES = ("nll", "chi2")
 # Experiments solved together by predict (a chunk's program is compiled once per group and size).
@@ -58,29 +53,6 @@ PREDICT_LANES = 4096
 # ``sqrt(2 log sigma + K)`` (no bounds are known for a function's value; below
 # ``FUNCTION_SIGMA_FLOOR / sqrt(e)`` the residual is clipped at 0 and the identity with the value fails).
 FUNCTION_SIGMA_FLOOR = 1e-8
-
-
-def _steady_state(test):
-    """The ``SteadyState`` test (None: its defaults), hashable (per-state ``atol`` as a tuple): it
-    is part of a group's key."""
-    import dataclasses
-
-    from ...integrate import SteadyState
-
-    if test is None:
-        return SteadyState()
-    atol = test.atol
-    if atol is not None and np.ndim(atol) > 0:
-        test = dataclasses.replace(test, atol=tuple(float(x) for x in np.ravel(atol)))
-    return test
-
-
-def _dynamic_cells(e) -> int:
-    """Measured values of ``e`` whose spread comes from a parameter or a function."""
-    mask = np.isfinite(e.data)
-    named = np.vectorize(lambda c: c is not None, otypes=[bool])(e.sigma_names) if e.sigma_names.size else mask
-    functional = np.array([f is not None for f in e.sigma_functions])[None, :]
-    return int(np.sum(mask & (named | functional)))
 
 
 class InferenceProblem:
@@ -174,37 +146,21 @@ class InferenceProblem:
         # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
         self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
         self._check_objective()
-        arrays = study.arrays
-        if arrays is not None:
-            plan = study.array_plan
-            sigma_entries = {int(i) for i in np.unique(plan.sigma_entry) if i >= 0}
-            if plan.sigma_cells is not None:
-                sigma_entries |= {int(i) for i in np.unique(plan.sigma_cells) if i >= 0}
-            functions = any(f is not None for f in arrays.sigma_functions)
-        else:
-            sigma_entries = {int(i) for r in study.resolved.values() for i in np.unique(r["sigma_entries"]) if i >= 0}
-            functions = any(f is not None for e in study.experiments for f in e.sigma_functions)
-        lows = [study.entries[i].parameter.lower for i in sigma_entries]
-        if functions:
+        self._rows = rows = study_rows(study, objective)  # the one place that knows how the study holds its rows
+        lows = [study.entries[i].parameter.lower for i in rows.sigma_entries()]
+        if rows.has_sigma_functions:
             lows.append(FUNCTION_SIGMA_FLOOR)
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
         self._windows_init(window_store)
-        self.groups = self._group()
-        self._solve_theta: LaneInputs = {}  # id(group) -> (group, its solve_theta)
-        self._object_constants = None
-        if arrays is not None:
-            # Per experiment: the constant terms and the measured values of parameter or function spreads.
-            self._array_constants = np.zeros(len(arrays)) if objective == "chi2" else \
-                term_constants(arrays.data, arrays.sigma, arrays.noise_columns)  # fmt: skip
-            self._array_dynamic = dynamic_cells(arrays)
+        self.groups = rows.groups()
+        self.differing_functions = rows.differing_functions  # kind -> (experiments, distinct functions)
+        self._solve_theta: dict = {}  # id(group) -> (group, its solve_theta)
         self.offset = self.offset_of(range(len(study.experiments)))
 
     def _check_objective(self) -> None:
         if self.objective != "chi2":
             return
-        arrays = self.study.arrays
-        # A study of arrays has one shape: its first experiment stands for all.
-        for e in self.study.experiments if arrays is None else self.study.experiments[:1]:
+        for e in self.study.shape_examples():
             for c in e.noise_columns:
                 if not c.least_squares:
                     raise ValueError(
@@ -221,17 +177,8 @@ class InferenceProblem:
         """``value = scale * ||r||^2 + offset`` over the experiments ``members`` (study indices):
         the constants of their terms, less ``K / 2`` per measured value whose spread comes from a
         parameter or a function (the shift inside its residual)."""
-        if self.study.arrays is not None:
-            rows = np.asarray(members, dtype=np.int64)
-            constants = float(np.sum(self._array_constants[rows]))
-            return constants - 0.5 * self.sigma_shift * float(np.sum(self._array_dynamic[rows]))
-        if self._object_constants is None:  # once per experiment: pack reads them too
-            exps = self.study.experiments
-            self._object_constants = [self._constant(e) for e in exps]
-            self._object_dynamic = [_dynamic_cells(e) for e in exps]
         members = list(members)
-        constants = float(sum(self._object_constants[i] for i in members))
-        return constants - 0.5 * self.sigma_shift * sum(self._object_dynamic[i] for i in members)
+        return self._rows.constants(members) - 0.5 * self.sigma_shift * self._rows.dynamic_cells(members)
 
     # -- multiple shooting -----------------------------------------------------------------------
     def _windows_init(self, window_store: WindowCache | None):
@@ -242,7 +189,7 @@ class InferenceProblem:
         self.window_keys: dict = {}
         names, lows, highs, starts = [], [], [], []
         offset = self.n_parameters
-        shooting = [] if study.arrays is not None else [e for e in study.experiments if e.trajectory is not None]
+        shooting = [study.experiments[i] for i in study.shooting]
         # Single shooting opens no store (a given one is still checked).
         cache = window_cache(window_store) if shooting or window_store is not None else None
         for e in shooting:
@@ -308,103 +255,9 @@ class InferenceProblem:
         """All entries' linear values as a JAX vector (traceable in ``theta``)."""
         return full_vector(self.estimated, self._scales, self.values, theta)
 
-    # -- packing --------------------------------------------------------------------------------
-    def _signature(self, e, r, same) -> tuple:
-        """What makes experiments share a group (a compiled term): everything but numbers.
-
-        ``same(f, kind)`` stands for each function: its representative among the equivalent ones
-        (:class:`SameFunctions`), or ``erased`` (what the groups would be with shared functions)."""
-        if r["sigma_entry"] >= 0:
-            sigma = SIGMA_ENTRY
-        elif np.any(r["sigma_entries"] >= 0):
-            sigma = SIGMA_CELLS
-        else:
-            sigma = SIGMA_FIXED
-        functions = tuple(same(f, "sigma") for f in e.sigma_functions) if any(f is not None for f in e.sigma_functions) else ()
-        pre = None
-        if e.preequilibration is not None:
-            pr = r["pre"]
-            pre = Preequilibrated(same(pr["y0_function"], "preequilibration y0"), bool(np.any(pr["y0_entry"] >= 0)),
-                                  _steady_state(e.preequilibration.steady_state))  # fmt: skip
-        return (
-            same(e.observables, "observable"), e.observables_take_time,
-            tuple(name for name, _ in r["observable_plan"]), tuple(c.kind for c in e.noise_columns), sigma,
-            functions, r["k"], trajectory_signature(e.trajectory), same(r["y0_function"], "y0"),
-            bool(np.any(r["y0_entry"] >= 0)), pre,
-            tuple((same(x.time, "reset time") if callable(x.time) else None, same(x.apply, "reset"))
-                  for x in e.resets),
-            same(e.discontinuities, "discontinuities") if callable(e.discontinuities) else bool(e.discontinuities),
-            _steady_state(e.steady_state) if e.n_steady_times else None,
-        )  # fmt: skip
-
-    def _group(self) -> tuple[Group, ...]:
-        study = self.study
-        if study.arrays is not None:
-            return (self._array_group(),)
-        keys, same = {}, SameFunctions()
-        for i, e in enumerate(study.experiments):
-            keys.setdefault(self._signature(e, study.resolved[e.id], same), []).append(i)
-            same.experiment_done()
-        self.differing_functions = differing = same.differing()  # kind -> (experiments, distinct functions)
-        if differing and len(keys) > WARN_FUNCTION_GROUPS:
-            shared = {self._signature(e, study.resolved[e.id], erased) for e in study.experiments}
-            if len(keys) > len(shared):
-                warnings.warn(
-                    f"{describe(differing)}: each group compiles its own program ({len(keys)} groups, "
-                    f"{len(shared)} with shared functions); define the function once.",
-                    ProgramGroupsWarning, stacklevel=3,
-                )  # fmt: skip
-        out = []
-        n = study.problem.n_states
-        for key, members in keys.items():
-            (observables, take_time, op_names, noise, sigma, functions, k, (windows,), y0_function, y0_entries, pre,
-             resets, discs, steady) = key  # fmt: skip
-            exps = [study.experiments[i] for i in members]
-            points = max(window_layout(e, e.trajectory)[3].shape[1] for e in exps) if windows else 0
-            if discs is True:  # numbers: padded with +inf (none) to the group's most
-                discs = max(len(e.discontinuities) for e in exps)
-            out.append(Group(
-                observables, noise, sigma, k, max(e.times.shape[0] for e in exps), tuple(members), windows,
-                points, n if windows else 0, observables_take_time=take_time, observable_parameters=op_names,
-                sigma_functions=functions, y0_function=y0_function, y0_entries=y0_entries, preequilibration=pre,
-                resets=resets, discontinuities=discs, steady_state=steady,
-            ))  # fmt: skip
-        return tuple(out)
-
-    def _array_group(self) -> Group:
-        """The one group of a study held as arrays (one shape: observables, noise, spreads)."""
-        study, arrays = self.study, self.study.arrays
-        E, m, k = arrays.shape
-        functions = arrays.sigma_functions if any(f is not None for f in arrays.sigma_functions) else ()
-        steady = _steady_state(None) if np.isposinf(arrays.times[:, -1]).any() else None
-        if arrays.sigma_name is not None:
-            sigma = SIGMA_ENTRY
-        else:
-            sigma = SIGMA_CELLS if arrays.sigma_names is not None else SIGMA_FIXED
-        discs = arrays.discontinuities
-        return Group(
-            arrays.observables, tuple(c.kind for c in arrays.noise_columns), sigma, k, m, range(E),
-            observables_take_time=arrays.observables_take_time, sigma_functions=functions, steady_state=steady,
-            observable_parameters=tuple(sorted(arrays.observable_parameters)), y0_function=arrays.y0_function,
-            resets=tuple((x.time if callable(x.time) else None, x.apply) for x in arrays.resets),
-            discontinuities=discs if callable(discs) else len(discs),
-        )  # fmt: skip
-
-    def _constant(self, e) -> float:
-        """The experiment's ``nll`` terms that no parameter changes (``log 2 pi``, known spreads, data)."""
-        if self.objective == "chi2":
-            return 0.0
-        sigma = e.sigma if e.sigma is not None else e.sigma_values
-        return float(term_constants(e.data[None], sigma[None], e.noise_columns)[0])
-
     def pack(self, group: Group, order: Sequence[int]) -> LaneInputs:
         """The :class:`LaneInputs` of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
-        study = self.study
-        if study.arrays is not None:
-            return pack_arrays(study, group, order, self._array_constants)
-        if self._object_constants is None:
-            self.offset_of(())
-        return pack_experiments(study, group, order, self._object_constants, self.window_offset)
+        return self._rows.pack(group, order, self.window_offset)
 
     # -- the per-experiment terms (JAX) ----------------------------------------------------------
     def terms(self, group: Group) -> LaneTerms:
@@ -426,33 +279,7 @@ class InferenceProblem:
         return self._solve_theta[key][1]
 
     def _solve_theta_of(self, group: Group) -> tuple[int, ...]:
-        study = self.study
-        entries: set = set()
-
-        def add(plan):
-            entries.update(int(v) for kind, v in plan if kind == "entry")
-
-        def add_states(entry):
-            if entry is not None:
-                entries.update(int(i) for i in np.asarray(entry).reshape(-1) if i >= 0)
-
-        windows: list = []
-        if study.arrays is not None:
-            for entry, _ in study.array_plan.columns:
-                add_states(np.unique(entry))
-        else:
-            n = study.problem.n_states
-            for i in group.members:
-                e = study.experiments[i]
-                r = study.resolved[e.id]
-                add(r["plan"])
-                add_states(r["y0_entry"])
-                if r["pre"] is not None:
-                    add(r["pre"]["plan"])
-                    add_states(r["pre"]["y0_entry"])
-                if e.id in self.window_offset:
-                    o = self.window_offset[e.id]
-                    windows.extend(range(o, o + (e.trajectory.n_windows - 1) * n))
+        entries, windows = self._rows.solve_entries(group, self.window_offset)
         parameters = [j for j, i in enumerate(self.estimated) if int(i) in entries]
         return tuple(sorted(set(parameters) | set(windows)))
 
@@ -482,8 +309,6 @@ class InferenceProblem:
     def _predicted_chunks(self, group: Group, theta, points: int = 0):
         """``(rows, states, observables, status, curve_times, curve)`` of the group's experiments,
         ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape)."""
-        import jax
-
         ops = self.operands()
         run = _prediction_program()
         terms = self.terms(group)
@@ -516,20 +341,16 @@ class InferenceProblem:
         Returns:
             id -> ``{"times" (m,), "states" (m, n), "observables" (m, k), "status" (int: a
             ``ds.Status`` code)[, "curve_times" (points,), "curve" (points, k)]}``; the values of a
-            failed solve are NaN. (A study held as arrays: :meth:`predict_arrays` gives the same
-            numbers as arrays with an experiment axis.)
+            failed solve are NaN. (:meth:`predict_arrays` gives the same numbers as arrays with an
+            experiment axis.)
         """
         theta = np.asarray(theta, dtype=np.float64)
-        arrays = self.study.arrays
         ids = self.study.ids
         out = {}
         for group in self.groups:
             for rows, ys, hs, status, curve_t, curve in self._predicted_chunks(group, theta, points):
                 for lane, i in enumerate(rows.tolist()):
-                    if arrays is None:
-                        times = self.study.experiments[i].times
-                    else:
-                        times = arrays.times[i, : (arrays.n_times[i] if arrays.n_times is not None else arrays.shape[1])]
+                    times = self.study.times_of(i)
                     m = times.shape[0]
                     failed = int(status[lane]) != 0
                     rec = {"times": np.array(times, dtype=np.float64), "states": np.array(ys[lane, :m], dtype=np.float64),
@@ -545,31 +366,25 @@ class InferenceProblem:
         return out
 
     def predict_arrays(self, theta) -> dict:
-        """:meth:`predict` of a study held as arrays, as arrays with an experiment axis: ``states``
-        ``(E, m, n)``, ``observables`` ``(E, m, k)`` (NaN for a failed solve and at padded times),
-        ``status`` ``(E,)``.
-
-        Raises:
-            ValueError: for a study of ``Experiment`` objects (use :meth:`predict`).
-        """
-        arrays = self.study.arrays
-        if arrays is None:
-            raise ValueError("predict_arrays: the study holds Experiment objects; use predict().")
+        """:meth:`predict` as arrays with an experiment axis: ``states`` ``(E, m, n)``,
+        ``observables`` ``(E, m, k)`` (``m``, ``k``: the most times and observables of an
+        experiment; NaN for a failed solve, at padded times and past an experiment's
+        observables), ``status`` ``(E,)``."""
+        study = self.study
         theta = np.asarray(theta, dtype=np.float64)
-        E, m, k = arrays.shape
-        states = np.full((E, m, self.study.problem.n_states), np.nan)
+        E, m, k = len(study), study.rows.times.shape[1], study.n_observables
+        states = np.full((E, m, study.problem.n_states), np.nan)
         observables = np.full((E, m, k), np.nan)
         status = np.zeros(E, dtype=np.int32)
         for group in self.groups:
             for rows, ys, hs, st, _, _ in self._predicted_chunks(group, theta):
                 ok = np.asarray(st) == 0
-                states[rows[ok]] = ys[ok]
-                observables[rows[ok]] = hs[ok]
+                states[rows[ok], : ys.shape[1]] = ys[ok]
+                observables[rows[ok], : hs.shape[1], : hs.shape[2]] = hs[ok]
                 status[rows] = st
-        if arrays.n_times is not None:
-            padded = np.arange(m)[None, :] >= arrays.n_times[:, None]
-            states[padded] = np.nan
-            observables[padded] = np.nan
+        padded = np.arange(m)[None, :] >= study.rows.n_times[:, None]
+        states[padded] = np.nan
+        observables[padded] = np.nan
         return {"states": states, "observables": observables, "status": status}
 
     def lane(self, group: Group, full, a: LaneInputs, *, forward: bool, residuals: bool, theta=None):
@@ -585,8 +400,6 @@ def _prediction_program():
     """``(terms, theta, operands, arrays) -> (states, observables, status)`` of a group's
     experiments, jitted once per :class:`LaneTerms` and shapes (theta and the operands are
     arguments: predictions at new points compile nothing)."""
-    import jax
-
     def run(terms: LaneTerms, theta, ops: TermOperands, arrs):
         full = terms.full_vector(theta, ops)
 

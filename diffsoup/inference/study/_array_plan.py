@@ -1,5 +1,5 @@
 """Where a study held as arrays takes its numbers: :func:`resolve_arrays` (the vectorized
-``Study._resolve``) and :func:`check_levels` (the vectorized ``Study._check_levels``)."""
+``resolve_experiment``) and :func:`check_levels` (the vectorized ``check_experiment_levels``)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def name_entries(study: Any, names: np.ndarray, field: str) -> np.ndarray:
 
 
 def resolve_arrays(study: Any) -> ArrayPlan:
-    """The :class:`ArrayPlan` of ``study.arrays`` (the vectorized ``Study._resolve``)."""
+    """The :class:`ArrayPlan` of ``study.arrays`` (the vectorized ``resolve_experiment``)."""
     arrays, prob = study.arrays, study.problem
     who = "Study"
     defaults = prob.spec.parameter_defaults
@@ -146,7 +146,7 @@ def resolve_arrays(study: Any) -> ArrayPlan:
 
 def check_levels(arrays: ExperimentArrays, levels: tuple) -> None:
     """Every level has a member per row, and each member of an inner level belongs to one member of
-    every outer level (the vectorized ``Study._check_levels``)."""
+    every outer level (the vectorized ``check_experiment_levels``)."""
     missing = [lv for lv in levels if lv not in arrays.groups]
     if missing:
         raise ValueError(f"Study: groups has no members for level(s) {missing}; give groups={{level: names}}.")

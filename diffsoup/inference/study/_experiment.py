@@ -7,6 +7,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ...integrate import Reset, SteadyState
+from ._multishoot import with_trajectory
 from ._noise import NOISE_MODELS, AbstractNoise, Gaussian, Laplace, LogLaplace, LogNormal  # noqa: F401 (re-exported)
 from ._preequilibration import Preequilibration, checked_initial_state, checked_parameter_values
 
@@ -158,7 +160,6 @@ class Experiment:
             )
         self.resets = _checked_resets(resets, where)
         self.discontinuities = _checked_discontinuities(discontinuities, where)
-        from ...integrate import SteadyState
 
         if steady_state is None:
             steady_state = SteadyState()
@@ -251,8 +252,6 @@ class Experiment:
             TypeError: for a trajectory that is not a ``Multishoot`` or None.
             ValueError: if its windows do not fit the experiment's time span.
         """
-        from ._multishoot import with_trajectory
-
         return with_trajectory(self, trajectory)
 
     @property
@@ -335,8 +334,6 @@ def _object_numbers(cells: np.ndarray, where: str, label: str) -> np.ndarray:
 
 
 def _checked_resets(resets, where: str) -> tuple:
-    from ...integrate import Reset
-
     if resets is None:
         return ()
     if isinstance(resets, Reset):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ._experiment import Experiment, takes_time
+from ._experiment import Experiment, _checked_discontinuities, _checked_resets, takes_time
 from ._host_arrays import host_array
 from ._noise import AbstractNoise, Gaussian
 
@@ -294,8 +294,6 @@ def experiment_arrays(
     if observables is None and k != n:
         raise ValueError(f"{who}: data has {k} observable column(s) and observables=None observes all {n} states; give "
                          f"observables= or data of shape (experiments, times, {n}).")  # fmt: skip
-    from ._experiment import _checked_discontinuities, _checked_resets
-
     return ExperimentArrays(
         ids=ids, times=times, n_times=n_times, t0=t0, data=data, noise=noise, noise_columns=columns, sigma=sigma,
         sigma_name=sigma_name, sigma_functions=functions, conditions=conds, y0=y0, groups=levels,

@@ -49,6 +49,9 @@ import functools
 import math
 from typing import Any, ClassVar, NamedTuple
 
+import jax.numpy as jnp
+import numpy as np
+
 NORMAL = "normal"
 LAPLACE = "laplace"
 
@@ -85,8 +88,6 @@ def _law(kind: NoiseKind) -> "AbstractNoise":
 
 def _sqrt0(x):
     """``sqrt(x)`` for ``x >= 0`` with derivative 0 (not inf) at 0."""
-    import jax.numpy as jnp
-
     pos = x > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
 
@@ -156,8 +157,6 @@ class AbstractNoise(abc.ABC):
     def transform(self, x, *, clip: bool = False):
         """The comparison scale ``T(x)``: the identity, or ``log_b(x)`` for a logarithmic model
         (``clip``: of ``max(x, tiny)``, finite for a non-positive observable)."""
-        import jax.numpy as jnp
-
         base = self.log_base
         if base is None:
             return x
@@ -176,8 +175,6 @@ class AbstractNoise(abc.ABC):
         """The spread's term of the negative log-likelihood, ``log s`` (a location-scale density
         ``g(z) / s``); with a spread from a parameter or a function it gets a residual of its own,
         ``sqrt(2 spread_nll(s) + K)`` (``K`` from the spreads' lower bounds)."""
-        import jax.numpy as jnp
-
         return jnp.log(s)
 
     # -- host constants (numpy) -----------------------------------------------------------------
@@ -190,8 +187,6 @@ class AbstractNoise(abc.ABC):
     def log_jacobian(self, d):
         """``log |T'(d)|`` of measured values ``d`` (numpy): ``log(d ln b)`` on a logarithmic
         scale (``log d`` for base e), 0 on the linear one."""
-        import numpy as np
-
         base = self.log_base
         if base is None:
             return np.zeros(np.shape(d))
@@ -271,13 +266,9 @@ class _Laplace(AbstractNoise):
     spread_field: ClassVar[str] = "scale"
 
     def penalty(self, z):
-        import jax.numpy as jnp
-
         return jnp.abs(z)
 
     def residual(self, z):
-        import jax.numpy as jnp
-
         return _sqrt0(2.0 * jnp.abs(z))
 
     @property

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ...integrate import SteadyState
+
 
 def checked_parameter_values(values: Any, where: str, field: str) -> dict:
     """``values`` as a dict name -> float or study-parameter name (str).
@@ -91,7 +93,6 @@ class Preequilibration:
         where = "Preequilibration"
         object.__setattr__(self, "conditions", checked_parameter_values(self.conditions, where, "conditions"))
         object.__setattr__(self, "y0", checked_initial_state(self.y0, where, "y0"))
-        from ...integrate import SteadyState
 
         if self.steady_state is None:
             object.__setattr__(self, "steady_state", SteadyState())

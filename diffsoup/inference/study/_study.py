@@ -3,126 +3,19 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._experiment import Experiment
+from ...model import Problem, ProblemSpec, ReactionNetwork
 from ._array_plan import check_levels, resolve_arrays
-from ._experiment_arrays import ExperimentArrays, ExperimentViews
+from ._experiment import Experiment
+from ._experiment_arrays import ExperimentArrays, ExperimentViews, experiment_arrays
+from ._experiment_resolution import check_experiment_levels, check_functions, observable_count, resolve_experiment
 from ._noise import Gaussian
-
-SCALES = ("lin", "log", "log10")
-EXPERIMENT_LEVEL = "experiment"
-
-
-class ParameterError(ValueError):
-    """A bad :class:`Parameter` row; ``key`` is the field at fault (``"lower"``, ``"nominal"``, ...),
-    so that a study file can point at that key's line."""
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
-@dataclasses.dataclass(frozen=True)
-class Parameter:
-    """One row of a study's parameter table.
-
-    Args:
-        name: the study parameter's name (experiments map model parameters to it).
-        nominal: its value on the linear scale (the value it keeps when fixed, and a start).
-            None (the default) takes the midpoint of ``lower`` and ``upper`` on the parameter's
-            scale (the geometric mean for ``"log"``/``"log10"``); the bounds must then be finite.
-        lower, upper: bounds on the linear scale; finite for an estimated parameter, positive
-            for the log scales.
-        scale: ``"lin"``, ``"log"`` or ``"log10"``: the coordinates the optimizer works in.
-        estimate: True to estimate it, False to hold it at ``nominal``.
-        level: None for one value shared by all experiments; ``"experiment"`` for one value per
-            experiment; a level name of the study for one value per member of that level. The
-            entries are named ``name[member]``.
-
-    Raises:
-        ValueError: naming the parameter and the field (its ``key`` attribute names the field).
-    """
-
-    name: str
-    nominal: float | None = None
-    lower: float = -math.inf
-    upper: float = math.inf
-    scale: str = "log10"
-    estimate: bool = True
-    level: str | None = None
-
-    def __post_init__(self):
-        where = f"Parameter {self.name!r}"
-        if not isinstance(self.name, str) or not self.name or "[" in self.name:
-            raise ParameterError(f"Parameter name {self.name!r} must be a non-empty string without '['.", "name")
-        if self.scale not in SCALES:
-            raise ParameterError(f"{where}: scale={self.scale!r} must be one of {SCALES}.", "scale")
-        for field in ("lower", "upper") + (("nominal",) if self.nominal is not None else ()):
-            value = getattr(self, field)
-            try:
-                object.__setattr__(self, field, float(value))
-            except (TypeError, ValueError):
-                raise ParameterError(f"{where}: {field}={value!r} must be a number.", field) from None
-            if math.isnan(getattr(self, field)):
-                raise ParameterError(f"{where}: {field} is NaN; give a number.", field)
-        if self.lower > self.upper:
-            raise ParameterError(
-                f"{where}: lower bound {self.lower} is above the upper bound {self.upper}; swap them.", "upper"
-            )
-        if self.scale != "lin" and self.lower <= 0:
-            raise ParameterError(
-                f"{where}: scale={self.scale!r} needs positive values; lower={self.lower} (use scale='lin' or "
-                "positive bounds).", "lower"
-            )  # fmt: skip
-        if self.nominal is None:
-            if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
-                raise ParameterError(
-                    f"{where}: give nominal=, or finite lower= and upper= (nominal then defaults to their midpoint "
-                    f"on the {self.scale} scale).", "nominal"
-                )  # fmt: skip
-            lo, hi = self.lower, self.upper
-            midpoint = lo / 2 + hi / 2 if self.scale == "lin" else math.sqrt(lo) * math.sqrt(hi)
-            object.__setattr__(self, "nominal", midpoint)
-        if not math.isfinite(self.nominal):
-            raise ParameterError(f"{where}: nominal={self.nominal} must be finite.", "nominal")
-        if self.estimate and not (math.isfinite(self.lower) and math.isfinite(self.upper)):
-            raise ParameterError(
-                f"{where}: an estimated parameter needs finite bounds (lower=, upper=) for the multistart; "
-                "give them or set estimate=False.", "upper" if math.isfinite(self.lower) else "lower"
-            )  # fmt: skip
-        if self.scale != "lin" and self.nominal <= 0:
-            raise ParameterError(
-                f"{where}: scale={self.scale!r} needs positive values; nominal={self.nominal} (use scale='lin' or "
-                "a positive nominal).", "nominal"
-            )  # fmt: skip
-        if not (self.lower <= self.nominal <= self.upper):
-            raise ParameterError(f"{where}: nominal {self.nominal} lies outside [{self.lower}, {self.upper}].",
-                                 "nominal")
-        if self.level is not None and (not isinstance(self.level, str) or not self.level):
-            raise ParameterError(f"{where}: level must be None, 'experiment' or a level name of the study.", "level")
-
-    def to_scale(self, value):
-        """Linear value -> optimizer coordinate."""
-        return {"lin": lambda v: v, "log": np.log, "log10": np.log10}[self.scale](np.asarray(value, dtype=np.float64))
-
-    def from_scale(self, value):
-        """Optimizer coordinate -> linear value (numpy)."""
-        v = np.asarray(value, dtype=np.float64)
-        return {"lin": lambda v: v, "log": np.exp, "log10": lambda v: 10.0**v}[self.scale](v)
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One entry of the expanded study parameter vector (a parameter, or its value for one member)."""
-
-    name: str
-    parameter: Parameter
-    member: str | None
+from ._parameter import EXPERIMENT_LEVEL, SCALES, Entry, Parameter, ParameterError  # noqa: F401 (re-exported)
+from ._row_index import row_index_of_arrays, row_index_of_experiments
+from ._study_table import study_arrays_of_table
 
 
 class Study:
@@ -142,7 +35,12 @@ class Study:
     Attributes:
         arrays: the experiments' arrays (``ExperimentArrays``) of a study built by
             :meth:`from_arrays`/:meth:`from_table`, else None; ``array_plan`` where its numbers
-            come from (the vectorized ``resolved``).
+            come from (the vectorized ``resolved``). Only construction and the objective's
+            reader of rows (``objective._study_rows``) look at it.
+        rows: what the study knows of its rows whichever way it holds them (a ``RowIndex``: ids,
+            padded times with an experiment axis, counts, level members, multiple-shooting rows);
+            ``ids``, ``n_measured``, ``n_observables``, ``shooting``, :meth:`times_of`,
+            :meth:`members`, :meth:`index_of` and :meth:`shape_examples` read it.
         ids: the experiment ids in study order (:meth:`index_of` finds one).
         entries: the expanded study parameters (one per parameter, or per member of its level).
         entry_names: their names.
@@ -208,16 +106,18 @@ class Study:
                     f"{self.levels} (or 'experiment')."
                 )
         if self.arrays is None:
-            self._check_levels()
+            check_experiment_levels(self)
+            self.rows = row_index_of_experiments(self.experiments, self.levels)
         else:
             check_levels(self.arrays, self.levels)
+            self.rows = row_index_of_arrays(self.arrays)
         self.table = {p.name: p for p in self.parameters}
         self.entries = self._expand()
         self.entry_names = tuple(e.name for e in self.entries)
         self.entry_index = {n: i for i, n in enumerate(self.entry_names)}
         if self.arrays is None:
             self.array_plan = None
-            self.resolved = {e.id: self._resolve(e) for e in self.experiments}
+            self.resolved = {e.id: resolve_experiment(self, e) for e in self.experiments}
         else:
             self.array_plan = resolve_arrays(self)
             self.resolved = _LazyResolved(self)
@@ -282,8 +182,6 @@ class Study:
                 data, times out of order or before ``t0``, non-positive spreads, unknown condition
                 or state names, a level member in two outer members, shapes that do not match.
         """
-        from ._experiment_arrays import experiment_arrays
-
         problem = problem_of(problem)
         arrays = experiment_arrays(problem, times, data, ids=ids, y0=y0, conditions=conditions,
                                    noise=Gaussian() if noise is None else noise, groups=groups,
@@ -329,8 +227,6 @@ class Study:
                 an experiment), or, after pivoting, the experiment and the field as
                 :meth:`from_arrays` does.
         """
-        from ._study_table import study_arrays_of_table
-
         problem = problem_of(problem)
         arrays, levels = study_arrays_of_table(problem, table, **options)
         return cls(problem, arrays, parameters, levels=levels)
@@ -338,56 +234,51 @@ class Study:
     @property
     def ids(self) -> tuple:
         """The experiment ids in study order."""
-        if self.arrays is not None:
-            return tuple(self.arrays.ids.tolist())
-        return tuple(e.id for e in self.experiments)
+        return self.rows.ids
 
     @property
     def n_measured(self) -> int:
         """The measured (finite) values of all experiments."""
-        if self.arrays is not None:
-            return int(np.isfinite(self.arrays.data).sum())
-        return sum(e.n_measured for e in self.experiments)
+        return self.rows.n_measured
+
+    @property
+    def n_observables(self) -> int:
+        """The most observables an experiment of the study has (``k`` of a study held as arrays)."""
+        return self.rows.n_observables
+
+    @property
+    def shooting(self) -> tuple:
+        """The study indices of the experiments solved by multiple shooting (a ``Multishoot``)."""
+        return self.rows.shooting
+
+    def times_of(self, i: int) -> np.ndarray:
+        """The measurement times of experiment ``i`` (a study index)."""
+        return self.rows.times_of(i)
+
+    def shape_examples(self) -> tuple:
+        """One experiment of each distinct shape (observables, noise): what holds for it holds for
+        the experiments of its shape (every experiment of a study of objects; the first of a study
+        held as arrays)."""
+        return tuple(self.experiments[i] for i in self.rows.shape_examples)
 
     def index_of(self, experiment_id: str) -> int | None:
         """The study index of an experiment id (None if unknown)."""
-        if self.arrays is not None:
-            return self.arrays.index_of(experiment_id)
         if getattr(self, "_id_index", None) is None:
-            self._id_index = {e.id: i for i, e in enumerate(self.experiments)}
+            self._id_index = {eid: i for i, eid in enumerate(self.rows.ids)}
         return self._id_index.get(experiment_id)
 
     def _check_array_functions(self) -> None:
         """Trace the shared observables and callables once (the count of observables, shapes)."""
         view = self.arrays.experiment(0)
-        k = self._observable_count(view)
+        k = observable_count(self, view)
         if k != self.arrays.shape[2]:
             raise ValueError(
                 f"Study: data has {self.arrays.shape[2]} observable column(s); the observables give {k} value(s) per "
                 f"time, so data must be (experiments, times, {k})."
             )  # fmt: skip
         plan = tuple((name, None) for name in sorted(self.arrays.observable_parameters))
-        self._check_functions(view, {"k": k, "y0_function": self.arrays.y0_function, "pre": None,
+        check_functions(self, view, {"k": k, "y0_function": self.arrays.y0_function, "pre": None,
                                      "observable_plan": plan})  # fmt: skip
-
-    # -- construction helpers -------------------------------------------------------------------
-    def _check_levels(self):
-        parent: dict[tuple[str, str], tuple] = {}
-        for e in self.experiments:
-            missing = [lv for lv in self.levels if lv not in e.groups]
-            if missing:
-                raise ValueError(f"Experiment {e.id!r}: groups has no member for level(s) {missing}.")
-            extra = [lv for lv in e.groups if lv not in self.levels]
-            if extra:
-                raise ValueError(f"Experiment {e.id!r}: groups names unknown level(s) {extra}; levels are {self.levels}.")
-            for i, lv in enumerate(self.levels):
-                outer = tuple(e.groups[o] for o in self.levels[:i])
-                key = (lv, e.groups[lv])
-                if parent.setdefault(key, outer) != outer:
-                    raise ValueError(
-                        f"Experiment {e.id!r}: groups: member {e.groups[lv]!r} of level {lv!r} belongs to "
-                        f"{parent[key]} elsewhere and to {outer} here; a member belongs to one outer member."
-                    )
 
     def members(self, level: str) -> tuple[str, ...]:
         """Members of a level (or the experiment ids for ``"experiment"``), in order of first appearance."""
@@ -395,9 +286,7 @@ class Study:
             return self.ids
         if level not in self.levels:
             raise ValueError(f"Study: unknown level {level!r}; levels are {self.levels}.")
-        if self.arrays is not None:
-            return self.arrays.groups[level][1]
-        return tuple(dict.fromkeys(e.groups[level] for e in self.experiments))
+        return self.rows.members[level]
 
     def _expand(self):
         out = []
@@ -415,259 +304,6 @@ class Study:
             return self.entry_index[name]
         member = experiment.id if p.level == EXPERIMENT_LEVEL else experiment.groups[p.level]
         return self.entry_index[f"{name}[{member}]"]
-
-    def _resolve(self, e: Experiment) -> dict:
-        """How the experiment's numbers come from the study's entries (the ``resolved`` attribute)."""
-        prob = self.problem
-        where = f"Experiment {e.id!r}"
-        model = prob.parameter_names
-        for field, keys in (("conditions", e.conditions), ("parameters", e.parameters)):
-            unknown = [k for k in keys if k not in model]
-            if unknown:
-                raise ValueError(
-                    f"{where}: {field} names unknown model parameter(s) {unknown}; the model's parameters are "
-                    f"{list(model)}."
-                )
-        unknown = [v for v in e.parameters.values() if v not in self.table]
-        if unknown:
-            raise ValueError(
-                f"{where}: parameters maps to unknown study parameter(s) {unknown}; the parameter table has "
-                f"{list(self.table)}."
-            )
-        defaults = prob.spec.parameter_defaults
-        plan = []
-        for i, name in enumerate(model):
-            if name in e.conditions:
-                plan.append(("fixed", e.conditions[name]))
-            elif name in e.parameters:
-                plan.append(("entry", self.entry_of(e, e.parameters[name])))
-            elif name in self.table:
-                plan.append(("entry", self.entry_of(e, name)))
-            elif defaults is not None:
-                plan.append(("fixed", float(defaults[i])))
-            else:
-                raise ValueError(
-                    f"{where}: model parameter {name!r} has no value: give it in conditions, map it in "
-                    "parameters, or add a study parameter of that name."
-                )
-        out = {"plan": tuple(plan)}
-        out.update(self._initial_state(e, e.y0, "y0", main=True))
-        out["observable_plan"] = self._observable_plan(e)
-        out.update(self._sigma_entries(e))
-        out["pre"] = self._preequilibration(e, plan) if e.preequilibration is not None else None
-        k = self._observable_count(e)
-        if e.data.shape[1] != k:
-            raise ValueError(
-                f"{where}: data has shape {e.data.shape}; the observables give {k} value(s) per time, so data must "
-                f"be ({e.times.shape[0]}, {k})."
-            )
-        out["k"] = k
-        self._check_functions(e, out)
-        return out
-
-    def _study_entry(self, e: Experiment, name: str, field: str) -> int:
-        if name not in self.table:
-            raise ValueError(
-                f"Experiment {e.id!r}: {field} names {name!r}, which is not a study parameter; add it to the "
-                "parameter table."
-            )
-        return self.entry_of(e, name)
-
-    def _initial_state(self, e: Experiment, y0: Any, field: str, *, main: bool) -> dict:
-        """``y0`` (numbers, NaN where estimated or computed), ``y0_entry`` (entry per state, -1: not
-        estimated), ``y0_set`` (the states ``y0`` names), ``y0_function`` (a callable or None)."""
-        prob = self.problem
-        where = f"Experiment {e.id!r}"
-        n = prob.n_states
-        entry = np.full(n, -1, dtype=np.int64)
-        preeq_main = main and e.preequilibration is not None
-        out = {"y0": None, "y0_entry": entry, "y0_set": np.zeros(n, dtype=bool), "y0_function": None}
-        if callable(y0):
-            out["y0_function"] = y0
-            return out
-        if y0 is None:
-            if preeq_main:
-                out["y0"] = np.zeros(n)
-                return out
-            if prob.spec.y0 is None:
-                raise ValueError(f"{where}: {field} is not given and the model has no default y0.")
-            out["y0"] = np.asarray(prob.spec.y0, dtype=np.float64)
-            return out
-        if isinstance(y0, dict):
-            unknown = [k for k in y0 if k not in prob.state_names]
-            if unknown:
-                raise ValueError(
-                    f"{where}: {field} names unknown state(s) {unknown}; states are {list(prob.state_names)[:10]}..."
-                )
-            if prob.spec.y0 is None and len(y0) != n and not preeq_main:
-                raise ValueError(f"{where}: {field} gives {len(y0)} of {n} states and the model has no default y0.")
-            values = np.array(prob.spec.y0 if prob.spec.y0 is not None else np.zeros(n), dtype=np.float64)
-            for k, v in y0.items():
-                i = prob.state_names.index(k)
-                out["y0_set"][i] = True
-                if isinstance(v, str):
-                    entry[i] = self._study_entry(e, v, f"{field}[{k!r}]")
-                    values[i] = np.nan
-                else:
-                    values[i] = v
-            out["y0"] = values
-            return out
-        if y0.shape != (n,):
-            raise ValueError(f"{where}: {field} has shape {y0.shape}; the model has {n} states.")
-        out["y0"] = y0
-        out["y0_set"][:] = True
-        return out
-
-    def _observable_plan(self, e: Experiment) -> tuple:
-        model = set(self.problem.parameter_names)
-        clash = sorted(k for k in e.observable_parameters if k in model)
-        if clash:
-            raise ValueError(
-                f"Experiment {e.id!r}: observable_parameters names {clash}, which are model parameters; give "
-                "observable parameters names of their own (the model's are set by conditions/parameters)."
-            )
-        plan = []
-        for name in sorted(e.observable_parameters):
-            v = e.observable_parameters[name]
-            if isinstance(v, str):
-                plan.append((name, ("entry", self._study_entry(e, v, f"observable_parameters[{name!r}]"))))
-            else:
-                plan.append((name, ("fixed", float(v))))
-        return tuple(plan)
-
-    def _sigma_entries(self, e: Experiment) -> dict:
-        """``sigma_entries`` ``(m, k)`` (the entry of each named spread, -1 elsewhere) and
-        ``sigma_entry`` (the one entry of a single named spread, as ``noise.sigma="name"``, else -1)."""
-        entries = np.full(e.data.shape, -1, dtype=np.int64)
-        shared = not isinstance(e.noise, (list, tuple))
-        named = np.not_equal(e.sigma_names, None)
-        for i, j in zip(*np.nonzero(named)):
-            name = e.sigma_names[i, j]
-            model = e.noise_columns[j]
-            label = f"noise.{model.spread_field}" if shared else f"noise[{j}].{model.spread_field}"
-            if name not in self.table:
-                raise ValueError(
-                    f"Experiment {e.id!r}: {label} names {name!r}, which is not a study parameter; add it to the "
-                    "parameter table."
-                )
-            sp = self.table[name]
-            if sp.lower <= 0:
-                raise ValueError(
-                    f"Experiment {e.id!r}: {label} is study parameter {sp.name!r}, whose lower bound {sp.lower} must be "
-                    "positive."
-                )
-            entries[i, j] = self.entry_of(e, name)
-        single = -1
-        if shared and isinstance(e.noise.spread, str):
-            single = int(entries[0, 0])
-        return {"sigma_entries": entries, "sigma_entry": single}
-
-    def _preequilibration(self, e: Experiment, plan) -> dict:
-        pre = e.preequilibration
-        model = self.problem.parameter_names
-        unknown = [k for k in pre.conditions if k not in model]
-        if unknown:
-            raise ValueError(
-                f"Experiment {e.id!r}: preequilibration.conditions names unknown model parameter(s) {unknown}; the "
-                f"model's parameters are {list(model)}."
-            )
-        pre_plan = []
-        for name in model:
-            if name not in pre.conditions:
-                pre_plan.append(("keep", 0.0))
-            elif isinstance(pre.conditions[name], str):
-                pre_plan.append(
-                    ("entry", self._study_entry(e, pre.conditions[name], f"preequilibration.conditions[{name!r}]"))
-                )
-            else:
-                pre_plan.append(("fixed", float(pre.conditions[name])))
-        out = {"plan": tuple(pre_plan)}
-        out.update(self._initial_state(e, pre.y0, "preequilibration.y0", main=False))
-        return out
-
-    def _check_functions(self, e: Experiment, resolved: dict) -> None:
-        """Trace the experiment's callables once (shapes only) for an early, named error."""
-        import jax
-
-        prob = self.problem
-        n, k = prob.n_states, resolved["k"]
-        has_functions = (resolved["y0_function"] is not None or (resolved["pre"] or {}).get("y0_function") is not None
-                         or any(f is not None for f in e.sigma_functions) or callable(e.discontinuities)
-                         or any(callable(r.time) for r in e.resets))  # fmt: skip
-        if not has_functions:  # nothing to trace (most experiments): skip building the shapes
-            return
-        p = {name: jax.ShapeDtypeStruct((), prob.dtype) for name in prob.parameter_names}
-        po = dict(p, **{name: jax.ShapeDtypeStruct((), prob.dtype) for name, _ in resolved["observable_plan"]})
-        scalar = jax.ShapeDtypeStruct((), prob.dtype)
-        checks = []
-        for field, fn in (("y0", resolved["y0_function"]),
-                          ("preequilibration.y0", (resolved["pre"] or {}).get("y0_function"))):  # fmt: skip
-            if fn is not None:
-                checks.append((f"{field}(p)", fn, (dict(p),), ((n,),)))
-        shared = not isinstance(e.noise, (list, tuple))
-        seen = set()
-        for j, fn in enumerate(e.sigma_functions):
-            if fn is None or id(fn) in seen:
-                continue
-            seen.add(id(fn))
-            field = e.noise_columns[j].spread_field
-            label = f"noise.{field}(t, h, p)" if shared else f"noise[{j}].{field}(t, h, p)"
-            h = jax.ShapeDtypeStruct((k,), prob.dtype)
-            checks.append((label, fn, (scalar, h, dict(po)), ((k,), ()) if shared else ((k,), (), (1,))))
-        if callable(e.discontinuities):
-            checks.append(("discontinuities(p)", e.discontinuities, (dict(p),), None))
-        for i, r in enumerate(e.resets):
-            if callable(r.time):
-                checks.append((f"resets[{i}].time(p)", r.time, (dict(p),), ((), (1,))))
-        for label, fn, args, shapes in checks:
-            try:
-                out = jax.eval_shape(fn, *args)
-            except Exception as err:  # noqa: BLE001 (the user's function)
-                raise ValueError(
-                    f"Experiment {e.id!r}: {label} failed when traced with p a dict of the model parameters: "
-                    f"{type(err).__name__}: {err}"
-                ) from err
-            shape = getattr(out, "shape", None)
-            if shapes is None:
-                if shape is None or len(shape) != 1:
-                    raise ValueError(f"Experiment {e.id!r}: {label} must return a 1-D array of times, got shape {shape}.")
-            elif shape not in shapes:
-                raise ValueError(f"Experiment {e.id!r}: {label} must return shape {' or '.join(map(str, shapes))}, "
-                                 f"got {shape}.")  # fmt: skip
-
-    def _observable_count(self, e: Experiment) -> int:
-        prob = self.problem
-        if e.observables is None:
-            return prob.n_states
-        # Experiments sharing an observables function (and its parameters' names) trace it once.
-        key = (e.observables, e.observables_take_time, tuple(sorted(e.observable_parameters)))
-        cache = self.__dict__.setdefault("_observable_counts", {})
-        if key not in cache:
-            cache[key] = self._traced_observable_count(e)
-        return cache[key]
-
-    def _traced_observable_count(self, e: Experiment) -> int:
-        prob = self.problem
-        import jax
-        import jax.numpy as jnp
-
-        y = jnp.ones((prob.n_states,), prob.dtype)
-        p = {k: jnp.ones((), prob.dtype) for k in prob.parameter_names}
-        p.update({k: jnp.ones((), prob.dtype) for k in e.observable_parameters})
-        form = "observables(t, y, p)" if e.observables_take_time else "observables(y, p)"
-        args = (jnp.ones((), prob.dtype), y, p) if e.observables_take_time else (y, p)
-        try:
-            out = jax.eval_shape(e.observables, *args)
-        except Exception as err:  # noqa: BLE001 (the user's function)
-            raise ValueError(
-                f"Experiment {e.id!r}: {form} failed when traced with y of shape ({prob.n_states},) and p a "
-                f"dict of the model parameters{' and observable parameters' if e.observable_parameters else ''}: "
-                f"{type(err).__name__}: {err}"
-            ) from err
-        shape = getattr(out, "shape", None)
-        if shape is None or len(shape) != 1:
-            raise ValueError(f"Experiment {e.id!r}: observables must return a 1-D array (k,), got shape {shape}.")
-        return int(shape[0])
 
     # -- use ------------------------------------------------------------------------------------
     def replace(self, *, experiments: Sequence[Experiment]) -> "Study":
@@ -695,8 +331,6 @@ class Study:
 
 def problem_of(problem: Any) -> Any:
     """A built ``ds.Problem`` of a problem, spec or reaction network."""
-    from ...model import Problem, ProblemSpec, ReactionNetwork
-
     if isinstance(problem, ReactionNetwork):
         problem = problem.to_spec()
     if isinstance(problem, ProblemSpec):
@@ -717,7 +351,7 @@ class _LazyResolved(Mapping):
         i = self._study.index_of(experiment_id)
         if i is None:
             raise KeyError(experiment_id)
-        return self._study._resolve(self._study.experiments[i])
+        return resolve_experiment(self._study, self._study.experiments[i])
 
     def __iter__(self):
         return iter(self._study.ids)

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._experiment_arrays import ExperimentArrays, experiment_arrays
-from ._noise import Gaussian
+from ._experiment_arrays import ExperimentArrays, _noise_columns, _with_spread, experiment_arrays
+from ._noise import AbstractNoise, Gaussian
 
 WHO = "Study.from_table"
 
@@ -302,9 +302,6 @@ def _pivot_long(df, codes, ids, t, observable, value, sigma, observable_names, o
 def _with_table_spread(noise: Any, cells: np.ndarray) -> Any:
     """``noise`` (one model or one per column) with the table's spreads ``(E, m, k)``; a cell the
     table leaves empty (NaN) keeps the model's spread."""
-    from ._experiment_arrays import _noise_columns, _with_spread
-    from ._noise import AbstractNoise
-
     columns = _noise_columns(noise, cells.shape[2], WHO)
     for j, c in enumerate(columns):
         if isinstance(c.spread, str) or callable(c.spread):
