@@ -430,16 +430,6 @@ HEAVY_PACKAGES, LAZY_ROOMS, GUARDS = DEFERRED_IMPORT_KINDS.values()
 # (c) function-level imports that defer nothing but break an import cycle at module level:
 # (importing module, imported module) -> why.
 CYCLE_BREAKING_IMPORTS: dict[tuple[str, str], str] = {}
-# Modules whose owners convert their function-level imports after this round (issue 38); the lead
-# empties this list after merging. The check skips them.
-PENDING_OWNER_FILES: set[str] = {
-    # onerep
-    "diffsoup.inference.objective._problem", "diffsoup.inference.study._experiment",
-    "diffsoup.inference.study._experiment_arrays", "diffsoup.inference.study._noise",
-    "diffsoup.inference.study._preequilibration", "diffsoup.inference.study._study",
-    "diffsoup.inference.study._study_table", "diffsoup.store._ensemble_store", "diffsoup.store._results",
-    "diffsoup.workflows._ensemble_runs",
-}  # fmt: skip
 
 
 def _function_level_imports(tree: ast.AST) -> list[ast.stmt]:
@@ -619,13 +609,11 @@ def test_the_function_level_import_check_tells_deferrals_from_misplaced_imports(
 
 
 def test_function_level_imports_only_defer_a_named_kind(sources):
-    misplaced = {m: lines for m, lines in _undeferring_imports(sources).items() if m not in PENDING_OWNER_FILES}
+    misplaced = _undeferring_imports(sources)
     assert misplaced == {}, (
         "move these imports to the top of their module (a function-level import must defer a kind of "
         f"DEFERRED_IMPORT_KINDS, or break a cycle listed in CYCLE_BREAKING_IMPORTS): {misplaced}"
     )
-    stale = sorted(m for m in PENDING_OWNER_FILES if m not in _undeferring_imports(sources))
-    assert stale == [], f"remove these from PENDING_OWNER_FILES (their imports are in order): {stale}"
     for (module, target), reason in CYCLE_BREAKING_IMPORTS.items():
         assert module in SOURCES and target in SOURCES and reason, (module, target)
 
