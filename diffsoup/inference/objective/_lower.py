@@ -100,6 +100,8 @@ from ._lowering_options import SEQUENTIAL_COST as SEQUENTIAL_COST
 from ._lowering_options import SEQUENTIAL_COST_OTHERS as SEQUENTIAL_COST_OTHERS
 from ._lowering_options import default_block_limit as default_block_limit
 from ._problem import InferenceProblem, SolverOptions
+from ._program_device import HOST_LANES_BELOW as HOST_LANES_BELOW
+from ._program_device import program_device as program_device
 from ._same_functions import DEFAULT_MAX_PROGRAM_GROUPS, check_program_groups
 
 
@@ -119,6 +121,7 @@ def lower(
     lane_mode: str = "auto",
     chunk_size: int | None = None,
     max_program_groups: int = DEFAULT_MAX_PROGRAM_GROUPS,
+    device: Any = "auto",
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -154,6 +157,13 @@ def lower(
             mode) the lowering accepts; past it ``lower`` raises before compiling anything.
             Experiments given equivalent functions (the same code with the same constants) share a
             group.
+        device: where the programs run: ``"auto"`` (default) the host's CPU device where the
+            default backend is a GPU, no data mesh is given and a program runs fewer than
+            ``HOST_LANES_BELOW`` lanes (experiments, times points for the points-as-lanes
+            Jacobian of ``method="batched"``) -- there a GPU's per-step latency dominates -- the
+            default device otherwise; ``"default"`` always the default device (or the mesh); a
+            ``jax.Device`` pins every program to it. ``LoweredStudy.devices_used`` says where
+            each mode ran.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
@@ -178,4 +188,4 @@ def lower(
                                             experiments_per_chunk)  # fmt: skip
     return LoweredStudy(problem, layout=layout, hessian=hessian, experiments_per_chunk=experiments_per_chunk,
                         block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient,
-                        lane_mode=lane_mode)  # fmt: skip
+                        lane_mode=lane_mode, device=device)  # fmt: skip
