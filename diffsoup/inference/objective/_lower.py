@@ -68,6 +68,12 @@ device, a device holding one slow experiment runs as long as one holding only sl
 in lock-step), so balancing evens the step totals without shortening the evaluation; give a
 ``experiments_per_chunk`` that makes several chunks per device when step counts differ widely.
 
+Where the programs run (``device=``, ``_program_device``): on a GPU machine without a data mesh,
+``"auto"`` runs programs of fewer than ``HOST_LANES_BELOW`` lanes on the host's CPU device (a GPU's
+per-step kernel latency dominates few lanes); the chunk data, operands and programs are kept per
+device (the device is part of the :class:`ProgramKey`), and the chunk search and ``lane_mode``
+follow the device a program runs on.
+
 Chunk sizes count experiments (all devices together): ``experiments_per_chunk=`` (``chunk_size=``
 is its deprecated name) and :attr:`LoweredStudy.chunk_sizes`, the sizes chosen, per mode and group.
 """
