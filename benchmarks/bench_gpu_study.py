@@ -23,13 +23,19 @@ the same process as its peers:
   grow with its rates, it settles), in study order and after ``lowered.balance()``, against the
   same study with every experiment short: what lock-step lanes cost and what regrouping by steps
   gives back.
+* ``host``: a one-condition PEtab model (Boehm, 12 parameters; issue 42) lowered with
+  ``device="auto"`` (on a GPU machine its few lanes run on the host CPU) against
+  ``device="default"`` (the GPU), ``value`` and ``value_and_grad``; plus the points-as-lanes
+  Jacobian of 1,000 points (``--quick``: 8), which ``"auto"`` keeps on the GPU. On a CPU-only
+  machine both rows run on the CPU.
 
 Every ``Dense`` solver takes ``--dense-solve`` (``ds.linear.Dense(solve=...)``: ``auto``, the
 default, is the explicit inverse on a GPU and the LU's triangular solves on a CPU; ``lu``;
 ``inverse``); several values run every part once per value in the same process, each row tagged
 with its ``dense_solve`` (diffrax's rows once).
 
-Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (parts as
+Run (GPU machine): ``python benchmarks/bench_gpu_study.py --part network sweep`` (``--part
+host`` for issue 42's one-condition model; parts as
 above; ``--quick`` shrinks every size for a CPU smoke run; ``--sizes 1000000 --modes
 value_and_grad`` for one mode of the network part; ``--dense-solve lu inverse`` for both paths
 of the dense solves). Writes
@@ -323,10 +329,40 @@ def part_early(n, rows, save, experiments_per_chunk=None, dense_solve="auto"):
         save()
 
 
+BOEHM = "Boehm_JProteomeRes2014"
+# The shared PEtab collection beside the checkout (as bench_fits.py reads it), else the tests' copy.
+PETAB_DIRS = [Path(__file__).resolve().parents[2] / "shared" / "petab", Path("/work/shared/petab"),
+              Path(__file__).resolve().parents[1] / "tests" / "data" / "petab"]  # fmt: skip
+
+
+def part_host(points, rows, save, dense_solve="auto"):
+    """Boehm's value and value_and_grad (and the Jacobian at ``points`` points at once) with
+    ``device="auto"`` and ``device="default"``, each row naming where its programs ran."""
+    import warnings
+
+    path = next(d / BOEHM for d in PETAB_DIRS if (d / BOEHM).is_dir())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ds.petab.PetabWarning)  # the collection's extra columns
+        problem = ds.petab.load(path / f"{BOEHM}.yaml")
+    for device in ("auto", "default"):
+        lowered = problem.lower(device=device)
+        theta = np.asarray(lowered.nominal)
+        thetas = theta + 1e-3 * np.random.default_rng(0).standard_normal((points, theta.size))
+        calls = {"value": lambda: lowered.value(theta), "value_and_grad": lambda: lowered.value_and_grad(theta),
+                 f"residuals_and_jacobians ({points} points)": lambda: lowered.residuals_and_jacobians(thetas)}
+        for mode, fn in calls.items():
+            first, per_call = _timed(fn, repeats=5, budget_s=20.0)
+            ran_on = lowered.devices_used.get("jacobian (points)" if "points" in mode else mode)
+            rows.append(dict(model=BOEHM, device_option=device, mode=mode, ran_on=ran_on, first_s=first,
+                             per_call_s=per_call, value=float(lowered.value(theta))))  # fmt: skip
+            _log(f"host: device={device} {mode} on {ran_on}: first {first:.2f} s, per call {per_call * 1e3:.1f} ms")
+            save()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", nargs="+", default=["network"],
-                        choices=["network", "sweep", "brusselator", "diffrax", "dask", "early"])  # fmt: skip
+                        choices=["network", "sweep", "brusselator", "diffrax", "dask", "early", "host"])  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     parser.add_argument("--sizes", nargs="+", type=int, help="network sizes (default 1000 10000 100000)")
     parser.add_argument("--modes", nargs="+", choices=MODES, help="modes of the network part (default: all three)")
@@ -357,6 +393,7 @@ def main():
         "dask": lambda first, *a, **kw: part_dask(20 if q else 10000, *a, **kw),
         "early": lambda first, *a, **kw: part_early(args.early_size or (40 if q else 10000), *a,
                                                     experiments_per_chunk=args.experiments_per_chunk, **kw),
+        "host": lambda first, *a, **kw: part_host(8 if q else 1000, *a, **kw) if first else None,
     }
     payload["dense_solve"] = list(args.dense_solve)
     for k, dense_solve in enumerate(args.dense_solve):
@@ -388,6 +425,9 @@ def _print_tables(payload):
     for r in payload.get("dask", []):
         print(f"dask {r['experiments']}: in-process {fmt(r['in_process_s'])} s, one worker {fmt(r['dask_worker_s'])} s "
               f"(x{r['ratio']:.2f})")  # fmt: skip
+    for r in payload.get("host", []):
+        print(f"host {r['device_option']:<8} {r['mode']:<38} on {r['ran_on']:<12} per call {fmt(r['per_call_s'])} s "
+              f"(first {fmt(r['first_s'])} s)")  # fmt: skip
     for r in payload.get("early", []):
         print(f"early {r.get('dense_solve', ''):<7} {r['study']:<34} per call {fmt(r['per_call_s'])} s "
               f"chunks {r['chunks']} steps {r['steps_min']}-{r['steps_max']}")

@@ -35,6 +35,9 @@ class ProgramKey:
         lane_mode: ``"vmap"`` (the lanes in lock-step) or ``"map"`` (one after the other).
         mesh: the mesh split over its ``"data"`` axis, or None for one device.
         platform: the default device and the x64 flag the program was traced under.
+        device: the one ``jax.Device`` the program is pinned to (``ds.lower(device=...)``), or None
+            for the default placement (the default device, or the mesh): host and GPU programs of
+            the same study never share a key.
     """
 
     kind: str
@@ -43,6 +46,7 @@ class ProgramKey:
     lane_mode: str
     mesh: Any
     platform: tuple
+    device: Any = None
 
 
 # The process's compiled chunk programs, most recently used last: lowering a study again with other

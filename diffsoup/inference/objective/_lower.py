@@ -68,6 +68,12 @@ device, a device holding one slow experiment runs as long as one holding only sl
 in lock-step), so balancing evens the step totals without shortening the evaluation; give a
 ``experiments_per_chunk`` that makes several chunks per device when step counts differ widely.
 
+Where the programs run (``device=``, ``_program_device``): on a GPU machine without a data mesh,
+``"auto"`` runs programs of fewer than ``HOST_LANES_BELOW`` lanes on the host's CPU device (a GPU's
+per-step kernel latency dominates few lanes); the chunk data, operands and programs are kept per
+device (the device is part of the :class:`ProgramKey`), and the chunk search and ``lane_mode``
+follow the device a program runs on.
+
 Chunk sizes count experiments (all devices together): ``experiments_per_chunk=`` (``chunk_size=``
 is its deprecated name) and :attr:`LoweredStudy.chunk_sizes`, the sizes chosen, per mode and group.
 """
@@ -100,6 +106,8 @@ from ._lowering_options import SEQUENTIAL_COST as SEQUENTIAL_COST
 from ._lowering_options import SEQUENTIAL_COST_OTHERS as SEQUENTIAL_COST_OTHERS
 from ._lowering_options import default_block_limit as default_block_limit
 from ._problem import InferenceProblem, SolverOptions
+from ._program_device import HOST_LANES_BELOW as HOST_LANES_BELOW
+from ._program_device import program_device as program_device
 from ._same_functions import DEFAULT_MAX_PROGRAM_GROUPS, check_program_groups
 
 
@@ -119,6 +127,7 @@ def lower(
     lane_mode: str = "auto",
     chunk_size: int | None = None,
     max_program_groups: int = DEFAULT_MAX_PROGRAM_GROUPS,
+    device: Any = "auto",
 ) -> LoweredStudy:
     """Lower a study (or an :class:`InferenceProblem`) into chunked, sharded objective programs.
 
@@ -154,6 +163,13 @@ def lower(
             mode) the lowering accepts; past it ``lower`` raises before compiling anything.
             Experiments given equivalent functions (the same code with the same constants) share a
             group.
+        device: where the programs run: ``"auto"`` (default) the host's CPU device where the
+            default backend is a GPU, no data mesh is given and a program runs fewer than
+            ``HOST_LANES_BELOW`` lanes (experiments, times points for the points-as-lanes
+            Jacobian of ``method="batched"``) -- there a GPU's per-step latency dominates -- the
+            default device otherwise; ``"default"`` always the default device (or the mesh); a
+            ``jax.Device`` pins every program to it. ``LoweredStudy.devices_used`` says where
+            each mode ran.
 
     Returns:
         A :class:`LoweredStudy`; programs compile on first use of each mode (or ``.compile()``).
@@ -178,4 +194,4 @@ def lower(
                                             experiments_per_chunk)  # fmt: skip
     return LoweredStudy(problem, layout=layout, hessian=hessian, experiments_per_chunk=experiments_per_chunk,
                         block_limit_bytes=block_limit_bytes, fd_step=fd_step, gradient=gradient,
-                        lane_mode=lane_mode)  # fmt: skip
+                        lane_mode=lane_mode, device=device)  # fmt: skip

@@ -15,10 +15,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._deprecated import renamed_keyword
 from ...integrate import Status
+from ...linear import CuDSS
+from . import _program_device as program_devices
 from ._abstract_lowered import AbstractLoweredStudy, experiment_indices
 from ._balance import balance_owners
 from ._chunk_programs import (
@@ -66,7 +67,7 @@ class LoweredStudy(AbstractLoweredStudy):
 
     Args:
         problem: the :class:`InferenceProblem`.
-        layout, hessian, experiments_per_chunk, block_limit_bytes, fd_step, gradient, lane_mode:
+        layout, hessian, experiments_per_chunk, block_limit_bytes, fd_step, gradient, lane_mode, device:
             as for :func:`lower` (``chunk_size`` too: the deprecated name of ``experiments_per_chunk``).
         experiments: study indices or ids of the experiments to evaluate (None: all).
         share_programs_with: a lowered study of the same problem and layout whose compiled programs
@@ -77,7 +78,10 @@ class LoweredStudy(AbstractLoweredStudy):
     Attributes:
         layout: the ``ds.Layout``; n_devices: devices along its data axis.
         groups: the problem's groups that hold experiments of this study.
-        block_limit_bytes: the scratch limit per program.
+        block_limit_bytes: the scratch limit per program (of the evaluations' device).
+        device_option: ``"auto"``, ``"default"`` or a ``jax.Device``, as asked; ``device`` the
+            ``jax.Device`` evaluations run on (None: the default device or mesh); ``devices_used``
+            maps each mode run so far to where it ran (points as lanes: ``"jacobian (points)"``).
         hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
         gradient_mode: ``"auto"``, ``"adjoint"`` or ``"forward"`` as asked; ``gradient_kind`` what
             ``value_and_grad`` (and differenced Hessians) use.
@@ -101,6 +105,7 @@ class LoweredStudy(AbstractLoweredStudy):
         experiments: Sequence[int | str] | None = None,
         share_programs_with: "LoweredStudy | None" = None,
         chunk_size: int | None = None,
+        device: Any = "auto",
     ):
         experiments_per_chunk = renamed_keyword("LoweredStudy", "chunk_size", chunk_size, "experiments_per_chunk",
                                                 experiments_per_chunk)  # fmt: skip
@@ -126,11 +131,12 @@ class LoweredStudy(AbstractLoweredStudy):
         self.n_devices = layout.data_size
         self.mesh = layout.mesh if self.n_devices > 1 else None
         devices = self.mesh.devices.reshape(-1) if self.mesh is not None else jax.devices()[:1]
-        self.platform = devices[0].platform
+        self.platform = devices[0].platform  # of the default placement (_platform: of a program's device)
+        self._default_device = devices[0]
         self.lane_mode = lane_mode
-        self.block_limit_bytes = float(block_limit_bytes) if block_limit_bytes is not None else float(
-            default_block_limit(devices[0])
-        )
+        self.device_option = program_devices.check_device_option(device, self.n_devices)
+        self._block_limit_asked = block_limit_bytes
+        self.devices_used: dict = {}  # mode -> where its programs ran
         everything = len(self.experiment_indices) == len(problem.study.experiments)
         keep = None if everything else set(self.experiment_indices)
         groups, members, group_index = [], [], []
@@ -150,8 +156,13 @@ class LoweredStudy(AbstractLoweredStudy):
         # ProgramKey -> (compiled, scratch bytes), shared by restrictions (beside the process's cache).
         self._compiled: dict = other._compiled if other is not None else {}
         self._chunks: dict = {}
-        self._device_operands = None
+        self._device_operands: dict = {}  # device (None: default placement) -> operands there
         self._blocks = [device_blocks(mine, self.n_devices) for mine in members]
+        lanes = self._lanes_per_program()
+        self.device = self._device_for(lanes)  # where evaluations run; points as lanes only add lanes
+        if self.device_option == "auto" and self.device is not None:
+            program_devices.announce_host(problem.study.problem.spec.name, lanes)
+        self.block_limit_bytes = self._block_limit(self.device)
         if layout.balance_steps and self.n_devices > 1:
             self.balance()
 
@@ -173,9 +184,9 @@ class LoweredStudy(AbstractLoweredStudy):
             raise ValueError(f"restrict: experiments {ids} are not evaluated by this lowered study.")
         return LoweredStudy(self.problem, layout=self.layout, hessian=self.hessian_mode,
                             experiments_per_chunk=self.experiments_per_chunk,
-                            block_limit_bytes=self.block_limit_bytes, fd_step=self.fd_step,
+                            block_limit_bytes=self._block_limit_asked, fd_step=self.fd_step,
                             gradient=self.gradient_mode, lane_mode=self.lane_mode, experiments=chosen,
-                            share_programs_with=self)  # fmt: skip
+                            share_programs_with=self, device=self.device_option)  # fmt: skip
 
     # -- placement ------------------------------------------------------------------------------
     @property
@@ -222,6 +233,27 @@ class LoweredStudy(AbstractLoweredStudy):
         self._chunks.clear()
         return self.device_loads()
 
+    # -- devices (_program_device) ---------------------------------------------------------------
+    def _lanes_per_program(self, points: int = 1) -> int:
+        """The most lanes one program of an evaluation runs at once: the largest group's
+        experiments (at most ``experiments_per_chunk``), times ``points`` where points are lanes."""
+        most = max(b.shape[1] * self.n_devices for b in self._blocks)
+        return points * min(most, self.experiments_per_chunk or most)
+
+    def _device_for(self, lanes: int) -> jax.Device | None:
+        """Where programs of ``lanes`` lanes run (``program_device``); None: the default placement."""
+        solver = getattr(self.problem.study.problem, "linear_solver", None)
+        choice = program_devices.program_device(program_devices.default_backend(), lanes, self.mesh,
+                                                self.device_option, host_can_run=not isinstance(solver, CuDSS))
+        return program_devices.resolve_device(choice)
+
+    def _platform(self, device: jax.Device | None) -> str:  # of a program's device
+        return device.platform if device is not None else self.platform
+
+    def _block_limit(self, device: jax.Device | None) -> float:
+        asked = self._block_limit_asked
+        return float(asked) if asked is not None else float(default_block_limit(device or self._default_device))
+
     def _orders(self, gi: int, lanes: int) -> list[np.ndarray]:
         blocks = self._blocks[gi]
         D, B = blocks.shape
@@ -230,30 +262,24 @@ class LoweredStudy(AbstractLoweredStudy):
         padded[:, :B] = blocks
         return [padded[:, j * lanes : (j + 1) * lanes].reshape(-1) for j in range(n_chunks)]
 
-    def _chunk_data(self, gi: int, lanes: int) -> list:
-        key = (gi, lanes)
+    def _chunk_data(self, gi: int, lanes: int, device: jax.Device | None) -> list:
+        key = (gi, lanes, device)
         if key not in self._chunks:
             out = []
+            lane_sharding = program_devices.program_shardings(device, self.mesh)[0]
             for order in self._orders(gi, lanes):
                 arrs = self.problem.pack(self.groups[gi], order)
-                if self.mesh is not None:
-                    data = jax.device_put(arrs, NamedSharding(self.mesh, PartitionSpec("data")))
-                else:
-                    data = jax.device_put(arrs)
-                out.append((order, data))
+                out.append((order, jax.device_put(arrs, lane_sharding)))
             self._chunks[key] = out
         return self._chunks[key]
 
     # -- programs -------------------------------------------------------------------------------
-    def _operands(self):
-        """The problem's :class:`TermOperands` on the devices (replicated over the mesh), put once."""
-        if self._device_operands is None:
-            ops = self.problem.operands()
-            if self.mesh is not None:
-                self._device_operands = jax.device_put(ops, NamedSharding(self.mesh, PartitionSpec()))
-            else:
-                self._device_operands = jax.device_put(ops)
-        return self._device_operands
+    def _operands(self, device: jax.Device | None):
+        """The problem's :class:`TermOperands` on ``device`` (replicated over the mesh), put once."""
+        if device not in self._device_operands:
+            replicated = program_devices.program_shardings(device, self.mesh)[1]
+            self._device_operands[device] = jax.device_put(self.problem.operands(), replicated)
+        return self._device_operands[device]
 
     def _function_kind(self, mode: str, kind: str) -> str:
         """The :class:`ProgramKey` kind that runs ``mode`` (``kind``: the Hessian's, for that mode)."""
@@ -262,7 +288,8 @@ class LoweredStudy(AbstractLoweredStudy):
             fn_kind = "forward_gradient"
         return fn_kind
 
-    def _compile(self, mode: str, kind: str, gi: int, lanes: int, lane_mode: str | None = None) -> Program:
+    def _compile(self, mode: str, kind: str, gi: int, lanes: int, device: jax.Device | None,
+                 lane_mode: str | None = None) -> Program:  # fmt: skip
         fn_kind = self._function_kind(mode, kind)
         # Chunk sizes are searched with the lanes in lock-step; "auto" adds the sequential program of
         # the chosen size when an evaluation asks for it (_sequential_program).
@@ -270,23 +297,20 @@ class LoweredStudy(AbstractLoweredStudy):
         # Differenced Hessians run the gradient program; a program is shared by every study with the
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
         key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, lane_mode, self.mesh,
-                         platform_signature())  # fmt: skip
+                         platform_signature(), device)  # fmt: skip
         hit = self._compiled.get(key) or cached_program(key)
         if hit is None:
             group = self.groups[gi]
             example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
             ops = self.problem.operands()
-            if self.mesh is not None:
-                lane_sh = NamedSharding(self.mesh, PartitionSpec("data"))
-                rep = NamedSharding(self.mesh, PartitionSpec())
-            else:
-                lane_sh = rep = None
+            lane_sh, rep = program_devices.program_shardings(device, self.mesh)
             arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
             theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
             ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
             label = {"value_and_grad": "value_and_grad (adjoint)",
                      "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
             one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
+            one_by_one += f", on {device}" if device is not None else ""
             what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
                    f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
             started = time.perf_counter()
@@ -303,18 +327,18 @@ class LoweredStudy(AbstractLoweredStudy):
         self._compiled[key] = hit
         return Program(mode, kind, lanes, hit[0], hit[1], lane_mode)
 
-    def _sequential_program(self, prog: Program, gi: int) -> Program:
+    def _sequential_program(self, prog: Program, gi: int, device: jax.Device | None) -> Program:
         """``prog`` with its lanes run one after the other (compiled on first use)."""
-        key = (prog.mode, gi)
+        key = (prog.mode, gi, device)
         if key not in self._sequential_programs:
-            self._sequential_programs[key] = self._compile(prog.mode, prog.kind, gi, prog.lanes, "map")
+            self._sequential_programs[key] = self._compile(prog.mode, prog.kind, gi, prog.lanes, device, "map")
         return self._sequential_programs[key]
 
-    def _runs_sequentially(self, prog: Program, gi: int) -> bool:
+    def _runs_sequentially(self, prog: Program, gi: int, device: jax.Device | None) -> bool:
         """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` runs its lanes
         one after the other, judged from the step counts of the last evaluation
         (``SEQUENTIAL_COST``); lock-step while any is unknown."""
-        if self.lane_mode != "auto" or self.platform != "cpu" or prog.lanes == 1:
+        if self.lane_mode != "auto" or self._platform(device) != "cpu" or prog.lanes == 1:
             return False
         orders = np.stack(self._orders(gi, prog.lanes)).reshape(-1, self.n_devices, prog.lanes)  # chunk, device, lane
         real = orders >= 0
@@ -328,8 +352,11 @@ class LoweredStudy(AbstractLoweredStudy):
         slope, cap = SEQUENTIAL_COST.get(self._function_kind(prog.mode, prog.kind), SEQUENTIAL_COST_OTHERS)
         return lockstep > min(cap, 1.0 + slope * (prog.lanes - 1)) * sequential
 
-    def _program(self, mode: str, gi: int) -> Program:
-        key = (mode, gi)
+    def _program(self, mode: str, gi: int, device: Any = "evaluations") -> Program:
+        """The program of ``mode`` for group ``gi`` on ``device`` (default: the evaluations'),
+        its chunk size chosen on first use."""
+        device = self.device if isinstance(device, str) else device
+        key = (mode, gi) if device == self.device else (mode, gi, device)
         if key in self._programs:
             return self._programs[key]
         if mode == "hessian":
@@ -337,15 +364,16 @@ class LoweredStudy(AbstractLoweredStudy):
         else:
             kinds = (mode,)
         B = self._blocks[gi].shape[1]
-        fill_device = self.platform != "cpu" and self.experiments_per_chunk is None
-        first = self._largest_fitting_lanes(mode, kinds[0], gi, B) if fill_device else (
+        fill_device = self._platform(device) != "cpu" and self.experiments_per_chunk is None
+        limit = self._block_limit(device)
+        first = self._largest_fitting_lanes(mode, kinds[0], gi, B, device) if fill_device else (
             min(math.ceil((self.experiments_per_chunk or DEFAULT_CHUNK) / self.n_devices), B))  # fmt: skip
         n_chunks = math.ceil(B / first)
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
             for kind in kinds:
-                prog = self._compile(mode, kind, gi, lanes)
-                fits = prog.scratch <= self.block_limit_bytes
+                prog = self._compile(mode, kind, gi, lanes, device)
+                fits = prog.scratch <= limit
                 self.search_log.append((mode, gi, lanes * self.n_devices, kind, prog.scratch, fits))
                 if fits:
                     self._programs[key] = prog
@@ -355,25 +383,25 @@ class LoweredStudy(AbstractLoweredStudy):
             if lanes == 1:
                 raise RuntimeError(
                     f"lower: the {mode!r} program of one experiment per device needs {prog.scratch} bytes of "
-                    f"scratch, above block_limit_bytes={self.block_limit_bytes:.0f}; raise the limit, loosen "
+                    f"scratch, above block_limit_bytes={limit:.0f}; raise the limit, loosen "
                     "max_steps/checkpoints, or use more devices."
                 )
             if fill_device:  # the extrapolation erred: shrink in proportion (at least one chunk more)
-                shrunk = max(1, int(lanes * GPU_FILL * self.block_limit_bytes / max(prog.scratch, 1)))
+                shrunk = max(1, int(lanes * GPU_FILL * limit / max(prog.scratch, 1)))
                 n_chunks = max(n_chunks + 1, math.ceil(B / shrunk))
             else:
                 n_chunks *= 2
 
-    def _largest_fitting_lanes(self, mode: str, kind: str, gi: int, B: int) -> int:
+    def _largest_fitting_lanes(self, mode: str, kind: str, gi: int, B: int, device: jax.Device | None) -> int:
         """Lanes per device of the largest chunk of group ``gi`` whose scratch fits the block
         limit, extrapolated from the scratch of a probe program of ``PROBE_LANES`` lanes."""
         probe_lanes = min(PROBE_LANES, B)
-        probe = self._compile(mode, kind, gi, probe_lanes)
+        probe = self._compile(mode, kind, gi, probe_lanes, device)
         self.search_log.append((mode, gi, probe_lanes * self.n_devices, kind, probe.scratch, "probe"))
         if probe_lanes == B:
             return B
         per_lane = max(probe.scratch, 1) / probe_lanes
-        return max(1, min(B, int(GPU_FILL * self.block_limit_bytes / per_lane)))
+        return max(1, min(B, int(GPU_FILL * self._block_limit(device) / per_lane)))
 
     def compile(self, modes: Sequence[str] = ("value", "value_and_grad", "jacobian")) -> "LoweredStudy":
         """Choose chunk sizes and compile the programs of ``modes`` now (otherwise on first use).
@@ -386,15 +414,15 @@ class LoweredStudy(AbstractLoweredStudy):
             mode = "jacobian" if mode == "gauss_newton" else mode  # Gauss-Newton runs the Jacobian program
             for gi in range(len(self.groups)):
                 prog = self._program(mode, gi)
-                if self.lane_mode == "auto" and self.platform == "cpu" and prog.lanes > 1:
-                    self._sequential_program(prog, gi)
+                if self.lane_mode == "auto" and self._platform(self.device) == "cpu" and prog.lanes > 1:
+                    self._sequential_program(prog, gi, self.device)
         return self
 
     @property
     def scratch_bytes(self) -> dict:
         """Mode -> scratch bytes of its largest chunk program (modes compiled so far)."""
         out: dict = {}
-        for (mode, _), prog in self._programs.items():
+        for (mode, *_), prog in self._programs.items():
             out[mode] = max(out.get(mode, 0), prog.scratch)
         return out
 
@@ -403,7 +431,7 @@ class LoweredStudy(AbstractLoweredStudy):
         """Mode -> experiments per chunk (all devices together), one entry per group: the sizes
         chosen (``experiments_per_chunk`` is the size asked for)."""
         out: dict = {}
-        for (mode, gi), prog in sorted(self._programs.items(), key=lambda kv: kv[0]):
+        for (mode, gi), prog in sorted((k, p) for k, p in self._programs.items() if len(k) == 2):
             out.setdefault(mode, []).append(prog.lanes * self.n_devices)
         return out
 
@@ -414,11 +442,12 @@ class LoweredStudy(AbstractLoweredStudy):
         outs, orders = [], []
         for gi in range(len(self.groups)) if groups is None else groups:
             prog = self._program(mode, gi)
-            if self._runs_sequentially(prog, gi):
-                prog = self._sequential_program(prog, gi)
+            if self._runs_sequentially(prog, gi, self.device):
+                prog = self._sequential_program(prog, gi, self.device)
             self.lane_modes[(mode, gi)] = prog.lane_mode
-            for order, data in self._chunk_data(gi, prog.lanes):
-                outs.append(prog.compiled(theta, data, self._operands()))
+            self.devices_used[mode] = program_devices.device_label(self.device, self.mesh)
+            for order, data in self._chunk_data(gi, prog.lanes, self.device):
+                outs.append(prog.compiled(theta, data, self._operands(self.device)))
                 orders.append(order)
         return outs, orders
 
@@ -527,18 +556,20 @@ class LoweredStudy(AbstractLoweredStudy):
                              "without a data mesh (layout=None) for method='batched'.")  # fmt: skip
         active = np.ones(len(thetas), dtype=bool) if active is None else np.asarray(active, dtype=bool)
         outs, orders = [], []
+        device = self._device_for(self._lanes_per_program(len(thetas)))  # the points are lanes too
         for gi in range(len(self.groups)):
-            prog = self._program("jacobian", gi)
-            lockstep = self.lane_mode == "vmap" or (self.lane_mode == "auto" and self.platform != "cpu")
+            prog = self._program("jacobian", gi, device)
+            self.devices_used["jacobian (points)"] = program_devices.device_label(device, self.mesh)
+            lockstep = self.lane_mode == "vmap" or (self.lane_mode == "auto" and self._platform(device) != "cpu")
             # One after the other over the points, and over each point's experiments as well (a
             # chunk of Bruno's 6 experiments in lock-step took 21 ms per point, 12 ms alone).
             key = ("points", lockstep, ProgramKey("jacobian", self.problem.terms(self.groups[gi]), prog.lanes,
                                                   prog.lane_mode if lockstep else "map", None,
-                                                  platform_signature()))  # fmt: skip
+                                                  platform_signature(), device))  # fmt: skip
             if key not in self._compiled:  # jit compiles it once per number of points
                 self._compiled[key] = jax.jit(over_points(chunk_function(key[2]), lockstep))
-            for order, data in self._chunk_data(gi, prog.lanes):
-                outs.append(self._compiled[key](thetas, active, data, self._operands()))
+            for order, data in self._chunk_data(gi, prog.lanes, device):
+                outs.append(self._compiled[key](thetas, active, data, self._operands(device)))
                 orders.append(order)
         r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
         residuals, jacobians, failures = [], [], []
@@ -553,7 +584,9 @@ class LoweredStudy(AbstractLoweredStudy):
     def __repr__(self) -> str:
         n, total = len(self.experiment_indices), len(self.problem.study.experiments)
         which = f"{n} experiments" if n == total else f"{n} of {total} experiments"
-        return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}, chunks={self.chunk_sizes})"
+        on = f", device={self.device}" if self.device is not None else ""
+        return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}{on}, " \
+               f"chunks={self.chunk_sizes})"  # fmt: skip
 
 
 def device_blocks(members, n_devices: int) -> np.ndarray:
