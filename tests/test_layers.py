@@ -421,7 +421,7 @@ DEFERRED_IMPORT_KINDS: dict[str, tuple[str, ...]] = {
     "diffsoup room `import diffsoup` leaves unloaded": (
         "diffsoup.inference", "diffsoup.inference.fitting", "diffsoup.formats", "diffsoup.petab", "diffsoup.store",
         "diffsoup.distributed", "diffsoup.examples", "diffsoup.workflows", "diffsoup.plots", "diffsoup.cli",
-        "diffsoup._demo", "diffsoup._demo_study", "diffsoup.linear._cudss_binding",
+        "diffsoup._demo", "diffsoup._demo_study", "diffsoup.linear._cudss_build",
     ),
     # (a') anything, where the import is guarded by one of these: optional by construction.
     "import guarded by `except`": ("ImportError", "ModuleNotFoundError"),

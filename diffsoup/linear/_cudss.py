@@ -70,7 +70,6 @@ from jax.interpreters import batching, mlir
 from .._settings import settings as process_settings
 from ._base import AbstractLinearSolver, AbstractPreparedSolver
 from .._layout import Layout
-from . import _cudss_build as build
 
 REORDERINGS = {"amd": 0, "metis": 1}
 SLOTS = {"fp64": 0, "low": 1}
@@ -219,6 +218,8 @@ def _preload_cuda_libraries(cudss_lib_dir) -> None:
 @functools.cache
 def cudss_unavailable_reason() -> str | None:
     """Why ``CuDSS`` cannot run in this process, or None if it can (cached)."""
+    from . import _cudss_build as build  # the GPU binding: loaded only when asked for
+
     if not _gpu_present():
         return "JAX sees no CUDA GPU (jax.devices('gpu') is empty; install jax[cuda13] on a GPU machine)"
     cudss = build.find_cudss()
@@ -250,6 +251,7 @@ def load_binding():
     with _lock:
         if _lib is not None:
             return _lib
+        from . import _cudss_build as build  # the GPU binding: loaded only when asked for
 
         cudss = build.find_cudss()
         if cudss is None:
