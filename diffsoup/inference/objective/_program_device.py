@@ -13,7 +13,12 @@ import logging
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec
+
+try:  # JAX 0.12 deprecates the class's constructor for this function
+    from jax.sharding import make_single_device_sharding
+except ImportError:  # JAX 0.11
+    from jax.sharding import SingleDeviceSharding as make_single_device_sharding
 
 # device="auto" on a GPU: a program of fewer lanes than this (experiments per program, times points
 # where points are lanes) runs on the host CPU. Measured (issue 42): a 12-parameter one-condition
@@ -85,7 +90,7 @@ def program_shardings(device: jax.Device | None, mesh: Any) -> tuple:
     """(lanes', replicated operands') shardings of a program on ``device``; for None (the default
     placement) over the ``mesh``'s data axis, or (None, None) without a mesh."""
     if device is not None:
-        return (SingleDeviceSharding(device),) * 2
+        return (make_single_device_sharding(device),) * 2
     if mesh is not None:
         return NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
     return None, None
