@@ -48,6 +48,26 @@ def without_parameters(found: Any, indices: Sequence[int]) -> Any:
     return type(found)(**fields)
 
 
+def candidate_indices(lowered: AbstractLoweredStudy, names: bool | str | Sequence[str],
+                      qualifying: set[int]) -> list[int]:  # fmt: skip
+    """The ``theta`` indices to check: for ``names`` True, every estimated parameter whose study
+    entry is in ``qualifying``; else the named ones (a name or a sequence of names).
+
+    Raises:
+        ValueError: for a name that is not an estimated parameter (window starts never are).
+    """
+    prob = lowered.problem
+    n_par = getattr(prob, "n_parameters", prob.n_theta)
+    if names is True:
+        return [j for j in range(n_par) if int(prob.estimated[j]) in qualifying]
+    theta_names = tuple(lowered.theta_names)
+    names = (names,) if isinstance(names, str) else tuple(names)
+    unknown = [n for n in names if n not in theta_names[:n_par]]
+    if unknown:
+        raise ValueError(f"hierarchical: {unknown} are not estimated parameters; theta is {list(theta_names[:n_par])}.")
+    return [theta_names.index(n) for n in names]
+
+
 def observable_only_entries(problem: Any) -> set[int]:
     """Study entries that reach the objective only through experiments' observable parameters
     (not the model parameters, initial states, pre-equilibration or noise of any experiment)."""

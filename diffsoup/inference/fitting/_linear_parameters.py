@@ -15,6 +15,7 @@ from ._analytic_entries import (
     AFFINE_RTOL,
     NO_EFFECT_RTOL,
     bounds_and_scales,
+    candidate_indices,
     finite_residuals,
     observable_only_entries,
     without_parameters,
@@ -66,20 +67,10 @@ class LinearParameters:
                 do not depend on, or residuals that are not finite at ``theta``.
         """
         prob = lowered.problem
-        n_par = getattr(prob, "n_parameters", prob.n_theta)  # window starts are never linear
         theta_names = tuple(lowered.theta_names)
-        if names is True:
-            observable_only = observable_only_entries(prob)
-            wanted = [j for j in range(n_par) if int(prob.estimated[j]) in observable_only]
-            if not wanted:
-                return None
-        else:
-            if isinstance(names, str):
-                names = (names,)
-            unknown = [n for n in names if n not in theta_names[:n_par]]
-            if unknown:
-                raise ValueError(f"hierarchical: {unknown} are not estimated parameters; theta is {list(theta_names[:n_par])}.")
-            wanted = [theta_names.index(n) for n in names]
+        wanted = candidate_indices(lowered, names, observable_only_entries(prob))  # window starts are never linear
+        if names is True and not wanted:
+            return None
         theta = np.asarray(lowered.nominal if theta is None else theta, dtype=np.float64)
         params = [prob.study.entries[prob.estimated[j]].parameter for j in wanted]
         candidate = cls._of(lowered, wanted, params)

@@ -15,6 +15,7 @@ from ._analytic_entries import (
     AFFINE_RTOL,
     LOG_SLOPES,
     bounds_and_scales,
+    candidate_indices,
     finite_residuals,
     noise_only_entries,
     without_parameters,
@@ -61,19 +62,10 @@ class NoiseParameters:
                 parameters that share cells, or residuals that are not finite at ``theta``.
         """
         prob = lowered.problem
-        n_par = getattr(prob, "n_parameters", prob.n_theta)
         theta_names = tuple(lowered.theta_names)
-        if names is True:
-            noise_only = noise_only_entries(prob)
-            wanted = [j for j in range(n_par) if int(prob.estimated[j]) in noise_only]
-            if not wanted:
-                return None
-        else:
-            names = (names,) if isinstance(names, str) else tuple(names)
-            unknown = [n for n in names if n not in theta_names[:n_par]]
-            if unknown:
-                raise ValueError(f"hierarchical: {unknown} are not estimated parameters; theta is {list(theta_names[:n_par])}.")
-            wanted = [theta_names.index(n) for n in names]
+        wanted = candidate_indices(lowered, names, noise_only_entries(prob))
+        if names is True and not wanted:
+            return None
         theta = np.asarray(lowered.nominal if theta is None else theta, dtype=np.float64)
         params = [prob.study.entries[prob.estimated[j]].parameter for j in wanted]
         r0 = finite_residuals(lowered, theta, "the base point")
