@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
-from ..objective._terms import SIGMA_ENTRY, member_array
+from ..objective._lane_inputs import LaneInputs
 
 # Largest deviation of the residuals from the affine prediction, relative to the parameter's effect
 # (its column of B), at which it still counts as affine: the solves do not depend on it, so the
@@ -89,12 +89,12 @@ def entry_uses(problem: Any) -> dict[str, set[int]]:
     pre-equilibration parameters, initial states)."""
     uses: dict[str, set[int]] = {"observable": set(), "spread": set(), "elsewhere": set()}
     for group in problem.groups:
-        arrays = problem.pack(group, list(member_array(group.members)))
-        for key, values in arrays.items():
-            if not key.endswith(("_entry", "_entries")) or (key == "sigma_entry" and group.sigma != SIGMA_ENTRY):
+        block = problem.row_blocks.block(group)
+        for key in LaneInputs._fields:
+            if not key.endswith(("_entry", "_entries")):
                 continue
             kind = "observable" if key == "op_entry" else "spread" if key in ("sigma_entry", "sigma_entries") else "elsewhere"
-            uses[kind].update(int(i) for i in np.unique(np.asarray(values)) if i >= 0)
+            uses[kind] |= block.entries(key)
     return uses
 
 

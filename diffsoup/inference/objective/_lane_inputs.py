@@ -1,12 +1,13 @@
 """The packed inputs of a chunk's lanes: :class:`LaneInputs`, one typed pytree, and its producer.
 
-``InferenceProblem.pack`` turns the experiments of one chunk (study indices, -1 for a padding
-lane) into the numbers their compiled term reads (:class:`~diffsoup.inference.objective._terms.
-LaneTerms`): arrays with a leading lane axis ``L``. :func:`allocate` is the one place that says
-which fields a group has and their shapes and dtypes; :func:`pack_experiments` (a study of
-``Experiment`` objects, lane by lane) and :func:`pack_arrays` (a study held as arrays, by fancy
-indexing) fill what it allocates. Inside a program one lane's inputs (``vmap`` over ``L``) have
-the same fields without the lane axis.
+A group's experiments become the numbers their compiled term reads (:class:`~diffsoup.inference.
+objective._terms.LaneTerms`): arrays with a leading lane axis ``L``. :func:`allocate` is the one
+place that says which fields a group has and their shapes and dtypes; :func:`pack_experiments` (a
+study of ``Experiment`` objects, lane by lane) and :func:`pack_arrays` (a study held as arrays, by
+fancy indexing) fill what it allocates, once per problem for all of a group's members
+(:mod:`._study_rows`: the group's block); ``InferenceProblem.pack`` takes a chunk's lanes from that
+block. Inside a program one lane's inputs (``vmap`` over ``L``) have the same fields without the
+lane axis.
 
 A field a group does not use is None (an empty pytree: no argument of the program).
 """

@@ -1,8 +1,8 @@
 """``ds.inference.InferenceProblem``: a study, the parameters to estimate, the objective and solver options.
 
 It reads the study's experiments through :mod:`._study_rows` (the one place that knows how the
-study holds them) as arrays, one row per experiment, grouped by the shapes that can be vmapped
-together, and defines the per-experiment terms the lowered objective sums:
+study holds them) as blocks of arrays, one row per experiment, one block per group of experiments
+that can be vmapped together, and defines the per-experiment terms the lowered objective sums:
 
 - the terms of each measured value by its noise model (:mod:`diffsoup.inference.objective._terms`): Gaussian
   ``r = (h - d) / sigma``, log-normal ``r = (log_b h - log_b d) / sigma``, Laplace and log-Laplace
@@ -86,6 +86,9 @@ class InferenceProblem:
         window_keys: experiment id -> store key of its window starts.
         lower, upper, nominal: bounds and nominal point of ``theta`` (scaled).
         scale: ``value = scale * ||residuals||^2 + offset``.
+        groups: the groups of experiments that share a compiled term.
+        row_blocks: the study's rows as the objective reads them, a block of arrays per group
+            (``objective._study_rows.RowBlocks``; the same for studies of objects and of arrays).
 
     Raises:
         ValueError: for an unknown objective or parameter name, nothing to estimate, or
@@ -146,13 +149,14 @@ class InferenceProblem:
         # The solves' rtol, raised to what the compute dtype resolves (with a warning, once, here).
         self.rtol = checked_rtol(float(solver.rtol), study.problem.dtype, "InferenceProblem")
         self._check_objective()
-        self._rows = rows = study_rows(study, objective)  # the one place that knows how the study holds its rows
+        self._windows_init(window_store)
+        # The one place that knows how the study holds its rows: from here on, blocks of arrays.
+        self.row_blocks = rows = study_rows(study, objective, self.window_offset)
         lows = [study.entries[i].parameter.lower for i in rows.sigma_entries()]
         if rows.has_sigma_functions:
             lows.append(FUNCTION_SIGMA_FLOOR)
         self.sigma_shift = max([1.0] + [1.0 - 2.0 * math.log(lo) for lo in lows])
-        self._windows_init(window_store)
-        self.groups = rows.groups()
+        self.groups = rows.groups
         self.differing_functions = rows.differing_functions  # kind -> (experiments, distinct functions)
         self._solve_theta: dict = {}  # id(group) -> (group, its solve_theta)
         self.offset = self.offset_of(range(len(study.experiments)))
@@ -178,7 +182,8 @@ class InferenceProblem:
         the constants of their terms, less ``K / 2`` per measured value whose spread comes from a
         parameter or a function (the shift inside its residual)."""
         members = list(members)
-        return self._rows.constants(members) - 0.5 * self.sigma_shift * self._rows.dynamic_cells(members)
+        rows = self.row_blocks
+        return rows.constants(members) - 0.5 * self.sigma_shift * rows.dynamic_cells(members)
 
     # -- multiple shooting -----------------------------------------------------------------------
     def _windows_init(self, window_store: WindowCache | None):
@@ -257,7 +262,7 @@ class InferenceProblem:
 
     def pack(self, group: Group, order: Sequence[int]) -> LaneInputs:
         """The :class:`LaneInputs` of the experiments ``order`` (study indices; -1 = padding lane) of one group."""
-        return self._rows.pack(group, order, self.window_offset)
+        return self.row_blocks.pack(group, order)
 
     # -- the per-experiment terms (JAX) ----------------------------------------------------------
     def terms(self, group: Group) -> LaneTerms:
@@ -279,7 +284,7 @@ class InferenceProblem:
         return self._solve_theta[key][1]
 
     def _solve_theta_of(self, group: Group) -> tuple[int, ...]:
-        entries, windows = self._rows.solve_entries(group, self.window_offset)
+        entries, windows = self.row_blocks.solve_entries(group)
         parameters = [j for j, i in enumerate(self.estimated) if int(i) in entries]
         return tuple(sorted(set(parameters) | set(windows)))
 

@@ -5,9 +5,9 @@ data, spreads, conditions, initial states and level members of many experiments 
 same observables and noise models; times padded at their end), checked with vectorized tests whose
 errors still name the experiment and the field. A study of such arrays holds no Python object per
 experiment: :func:`resolve_arrays` says where each model parameter's value comes from (a column of
-numbers, an entry, an entry per level member; :mod:`._array_plan`) and ``InferenceProblem.pack``
-gathers a chunk's lanes with fancy indexing (``objective._lane_inputs.pack_arrays``). ``study.experiments[i]`` builds an ``Experiment`` view of
-row ``i`` on demand.
+numbers, an entry, an entry per level member; :mod:`._array_plan`) and the objective packs the
+rows by fancy indexing (``objective._lane_inputs.pack_arrays``, once per problem).
+``study.experiments[i]`` builds an ``Experiment`` view of row ``i`` on demand.
 
 Conventions of the arrays: NaN in ``data`` is a missing value; NaN at the end of an experiment's
 ``times`` pads it to the common length (its data there must be NaN); NaN in a ``conditions`` column

@@ -36,7 +36,8 @@ class Study:
         arrays: the experiments' arrays (``ExperimentArrays``) of a study built by
             :meth:`from_arrays`/:meth:`from_table`, else None; ``array_plan`` where its numbers
             come from (the vectorized ``resolved``). Only construction and the objective's
-            reader of rows (``objective._study_rows``) look at it.
+            reader of rows (``objective._study_rows``, which packs either kind of study into the
+            same blocks of arrays, once per problem) look at it.
         rows: what the study knows of its rows whichever way it holds them (a ``RowIndex``: ids,
             padded times with an experiment axis, counts, level members, multiple-shooting rows);
             ``ids``, ``n_measured``, ``n_observables``, ``shooting``, :meth:`times_of`,
