@@ -235,7 +235,8 @@ def test_campaign_command_with_method_batched_runs_blocks_and_resumes(tmp_path, 
     assert sorted(ledger) == ["block-0000"] and len(ledger["block-0000"]["result"]["starts"]) == 3
     first = json.loads((tmp_path / "camp" / "summary.json").read_text())
     assert first["method"] == "batched" and first["objective"] == pytest.approx(nll, abs=1e-6)
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert ": 1 block of starts (3 starts) (batched" in out and "campaign: 1 of 1 block of starts (3 starts) finished" in out
     assert cli.main(args) == 0
     assert "1 of 1 blocks of starts accepted (1 from an earlier run)" in capsys.readouterr().out
     assert json.loads((tmp_path / "camp" / "summary.json").read_text())["objective"] == first["objective"]
