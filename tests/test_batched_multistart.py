@@ -95,6 +95,28 @@ def test_blocks_run_serially_equal_fits_one_block_and_resume_from_the_ledger(dec
         np.testing.assert_array_equal(a, b)
 
 
+def test_more_starts_keep_every_accepted_block_a_partial_last_one_included(decay, tmp_path):
+    """3 starts in blocks of 2 leave a partial block-0001 (start 2); 6 starts keep it, as it ran,
+    and add block-0002 (starts 3, 4) and block-0003 (start 5); the end states equal a fresh run's."""
+    ledger = tmp_path / "grow.json"
+    multistart(decay, starts=3, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
+    before = json.loads(ledger.read_text())["tasks"]
+    grown = multistart(decay, starts=6, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
+    records = json.loads(ledger.read_text())["tasks"]
+    assert sorted(records) == ["block-0000", "block-0001", "block-0002", "block-0003"]
+    assert [[r["index"] for r in records[f"block-000{b}"]["result"]["starts"]] for b in range(4)] == [[0, 1], [2], [3, 4], [5]]
+    for b in ("block-0000", "block-0001"):  # kept as they ran: not run again
+        assert records[b]["attempts"] == 1 and records[b]["result"] == before[b]["result"]
+    fresh = multistart(decay, starts=6, seed=0, method=OPTIONS, starts_per_block=2)
+    np.testing.assert_array_equal([s.x0 for s in grown.starts], start_points(decay, 6, 0))
+    for a, b in zip(ends(grown), ends(fresh)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)
+    # Without resuming, the blocks are laid out afresh: every block starts at b * starts_per_block.
+    multistart(decay, starts=6, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger, resume=False)
+    records = json.loads(ledger.read_text())["tasks"]
+    assert [[r["index"] for r in records[f"block-000{b}"]["result"]["starts"]] for b in range(3)] == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_another_block_size_or_seed_is_a_ledger_conflict_naming_it(decay, tmp_path):
     ledger = tmp_path / "blocks.json"
     multistart(decay, starts=4, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)

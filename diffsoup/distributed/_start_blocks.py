@@ -18,8 +18,10 @@ the blocks in start order, clusters the end states into distinct optima and poli
 with fides (:func:`~diffsoup.inference.fitting._batched_fit.polish_ends`; in
 :func:`~diffsoup.distributed._start_runs.fit_of`).
 
-Growing the number of starts keeps every full block; a last block that was partial changes its
-``count`` and so conflicts (``on_conflict="restart"`` reruns only it).
+Growing the number of starts keeps every block already accepted: given the ledger, the blocks it
+holds (with the same seed, ``starts_per_block`` and optimizer) keep their ranges, a partial last
+block included, and the new starts follow in new blocks (:func:`recorded_blocks`). So block ``b``
+starts at ``b * starts_per_block`` unless an earlier, smaller run left a partial block before it.
 """
 
 from __future__ import annotations
@@ -111,17 +113,50 @@ class BlockTask:
                 "host": os.uname().nodename, "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
 
 
+def recorded_blocks(ledger_path: Any, *, seed: int, starts_per_block: int, optimizer: BatchedTrustRegion) -> dict:
+    """Block index -> ``(first, count)`` of the blocks a ledger holds as accepted, run with this
+    ``seed``, ``starts_per_block`` and optimizer, in an unbroken run from block 0 (empty without a
+    ledger or with other settings: those conflict as before)."""
+    if ledger_path is None or not os.path.isfile(ledger_path):
+        return {}
+    try:
+        ledger = Ledger.load(ledger_path)
+    except Exception:  # noqa: BLE001 (an unreadable ledger is the campaign's to report)
+        return {}
+    out, first = {}, 0
+    for b in range(len(ledger)):
+        record = ledger.get(block_task_id(b))
+        result = record.get("result") if record and record.get("state") == "accepted" else None
+        if not isinstance(result, Mapping) or (result.get("seed"), result.get("starts_per_block"),
+                                               result.get("optimizer")) != (seed, starts_per_block, repr(optimizer)):
+            break
+        indices = [int(r["index"]) for r in result.get("starts", [])]
+        if not indices or indices != list(range(first, first + len(indices))):
+            break
+        out[b] = (first, len(indices))
+        first += len(indices)
+    return out
+
+
 def block_items(lowered: AbstractLoweredStudy, optimizer: BatchedTrustRegion, *, starts: int, seed: int,
-                starts_per_block: int, resample_failed_starts: int, tags: Mapping[str, Any]) -> list[dict]:  # fmt: skip
-    """One item per block of ``starts_per_block`` starts (the last one may hold fewer)."""
-    points = start_points(lowered, int(starts), int(seed))
-    items = []
-    for b, first in enumerate(range(0, int(starts), starts_per_block)):
-        count = min(starts_per_block, int(starts) - first)
+                starts_per_block: int, resample_failed_starts: int, tags: Mapping[str, Any],
+                recorded: Mapping[int, tuple[int, int]] | None = None) -> list[dict]:  # fmt: skip
+    """One item per block of ``starts_per_block`` starts (the last one may hold fewer); the blocks
+    ``recorded`` (:func:`recorded_blocks`) keep their ranges where they lie within ``starts``."""
+    starts = int(starts)
+    points = start_points(lowered, starts, int(seed))
+    items, first, b = [], 0, 0
+    while first < starts:
+        kept = (recorded or {}).get(b)
+        if kept is not None and kept[0] == first and first + kept[1] <= starts:
+            count = kept[1]
+        else:
+            count = min(starts_per_block, starts - first)
         items.append({"task_id": block_task_id(b), "block": b, "first": first, "count": count, "seed": int(seed),
                       "starts_per_block": starts_per_block, "optimizer": repr(optimizer),
                       "points": points_digest(points[first : first + count]),
                       "resample_failed_starts": int(resample_failed_starts), **tags})  # fmt: skip
+        first, b = first + count, b + 1
     return items
 
 

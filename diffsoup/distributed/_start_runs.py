@@ -41,7 +41,15 @@ from ..inference.fitting._starts import replacement_point, start_points
 from ..store import LedgerConflictError
 from ._campaign import checkpointed_map
 from ._lowered_cache import fingerprint_of, lowered_from
-from ._start_blocks import BLOCK_KEYS, BlockTask, block_items, block_starts, check_starts_per_block, conflict_detail
+from ._start_blocks import (
+    BLOCK_KEYS,
+    BlockTask,
+    block_items,
+    block_starts,
+    check_starts_per_block,
+    conflict_detail,
+    recorded_blocks,
+)
 from ._tasks import CampaignResult
 from ..inference import window_solves
 from ..inference.fitting._batched_fit import batched_result
@@ -159,8 +167,9 @@ class StartPlan:
 def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], *, starts: int, seed: int,
                 method: str | AbstractOptimizer, max_nfev: int | None, resample_failed_starts: int,
                 hierarchical: bool | Sequence[str] | None, tags: Mapping[str, Any] | None = None,
-                starts_per_block: int | None = None) -> StartPlan:  # fmt: skip
-    """The items and task of a multistart campaign (arguments as for :func:`multistart`).
+                starts_per_block: int | None = None, ledger_path: str | os.PathLike | None = None) -> StartPlan:  # fmt: skip
+    """The items and task of a multistart campaign (arguments as for :func:`multistart`; for blocks
+    of starts, ``ledger_path``'s accepted blocks keep their ranges as the starts grow).
 
     Raises:
         ValueError: for a start count below 1, tags that would replace an item's own entries, or
@@ -184,9 +193,10 @@ def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStud
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
     if batched:  # the analytic parameters serve the polish, here: they are not part of the blocks
-        items = block_items(low, optimizer, starts=int(starts), seed=int(seed),
-                            starts_per_block=check_starts_per_block(starts_per_block, optimizer),
-                            resample_failed_starts=int(resample_failed_starts), tags=tags)  # fmt: skip
+        per_block = check_starts_per_block(starts_per_block, optimizer)
+        recorded = recorded_blocks(ledger_path, seed=int(seed), starts_per_block=per_block, optimizer=optimizer)
+        items = block_items(low, optimizer, starts=int(starts), seed=int(seed), starts_per_block=per_block,
+                            resample_failed_starts=int(resample_failed_starts), tags=tags, recorded=recorded)  # fmt: skip
         return StartPlan(low, items, task, optimizer, tuple(analytic), found)
     points = start_points(low, int(starts), int(seed))
     remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
@@ -304,7 +314,7 @@ def multistart(
     """
     plan = plan_starts(lowered, starts=starts, seed=seed, method=method, max_nfev=max_nfev,
                        resample_failed_starts=resample_failed_starts, hierarchical=hierarchical, tags=tags,
-                       starts_per_block=starts_per_block)  # fmt: skip
+                       starts_per_block=starts_per_block, ledger_path=ledger_path if resume else None)  # fmt: skip
     t0 = time.perf_counter()
     campaign = run_starts(plan, ledger_path, resume=resume, on_conflict=on_conflict, execution=execution,
                           progress=progress, **campaign_options)  # fmt: skip

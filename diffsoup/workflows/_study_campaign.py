@@ -186,7 +186,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # evaluation cap, study or choice is a ledger conflict (resume refused, --restart offered).
     plan = plan_starts(StudyLowering(str(sf.path.resolve()), digest), starts=settings["starts"], seed=settings["seed"],
                        method=_optimizer(settings), max_nfev=settings["max_nfev"], resample_failed_starts=0,
-                       hierarchical=settings["hierarchical"],
+                       hierarchical=settings["hierarchical"], ledger_path=ledger if resume else None,
                        tags={"study_digest": digest, "hierarchical": settings["hierarchical"]})  # fmt: skip
     lowered, items = plan.lowered, plan.items
     log(f"[diffsoup] campaign on {sf.name}: {_tasks_label(plan, len(items))} ({_method_label(settings)}), "
