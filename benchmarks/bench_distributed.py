@@ -13,7 +13,11 @@ Efficiencies: weak ``t(1 worker) / t(n workers)`` at n times the work; strong
 The dashboard's cost: on 2 workers (weak study), the median evaluation with diffsoup's state not
 published at all, published with no page open, and published with the ``/diffsoup`` page open in
 headless Chromium (Playwright; without it a Bokeh client session, which runs the same server-side
-updates); the three alternate in rounds, so drifts of a shared machine hit all three alike.
+updates); the three alternate in rounds, so drifts of a shared machine hit all three alike. Beside
+the wall time, the CPU time that the run's own processes spend per evaluation (this process, which
+holds the scheduler, its HTTP server and the page's server-side updates, and the worker processes;
+not the browser, which runs on the user's machine): a cost that a shared machine's drifts hardly
+blur, and that a machine with idle cores pays without waiting for it.
 
 Run: ``python benchmarks/bench_distributed.py [--per-worker 4] [--repeats 5] [--workers 1 2 4]
 [--dashboard-repeats 15] [--only-dashboard]``; prints tables and writes
@@ -132,61 +136,151 @@ class _Page:
             self._pw.stop()
 
 
+def _cpu_seconds(processes) -> float:
+    """User and system CPU seconds the processes have spent so far."""
+    total = 0.0
+    for proc in processes:
+        t = proc.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+class _PageUpdates:
+    """The thread CPU seconds of the ``/diffsoup`` page's periodic updates, summed: the page is
+    served by this process's scheduler, whose documents are made by ``page_doc`` (wrapped here
+    before the cluster starts; an update's time includes the Bokeh messages its changes create)."""
+
+    def __init__(self):
+        from diffsoup.distributed import _dashboard_page
+
+        self.seconds, self.calls = 0.0, 0
+        original = _dashboard_page.page_doc
+
+        def page_doc(scheduler, extra, doc):
+            add = doc.add_periodic_callback
+
+            def add_timed(callback, period):
+                def timed():
+                    t0 = time.thread_time()
+                    callback()
+                    self.seconds += time.thread_time() - t0
+                    self.calls += 1
+
+                return add(timed, period)
+
+            doc.add_periodic_callback = add_timed
+            original(scheduler, extra, doc)
+
+        _dashboard_page.page_doc = page_doc
+
+
+class _Timed:
+    """Thread CPU seconds spent in a method of an object (here the backend's ``_publish``)."""
+
+    def __init__(self, owner, name):
+        self.seconds, self.calls = 0.0, 0
+        method = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - t0
+                self.calls += 1
+
+        setattr(owner, name, timed)
+
+
 def _dashboard_cost(study, workers, repeats, rounds=8, browser=True):
     """Per round, the median evaluation seconds with the state not published, published with the
-    page closed, and with it open; the order of the three rotates from round to round."""
+    page closed, and with it open (the order of the three rotates from round to round), and the
+    CPU seconds per evaluation of this process and the workers (``cpu:<state>``)."""
+    import psutil
+
+    updates = _PageUpdates()
     cluster, client = _cluster(workers)
     modes = ["not published", "page closed", "page open"]
-    per_round = []
+    per_round, direct = [], {"page_update_s": 0.0, "page_open_s": 0.0, "page_updates": 0}
     try:
+        processes = [psutil.Process()] + [psutil.Process(pid) for pid in client.run(os.getpid).values()]
         with ds.distributed.run(study, cluster=client, name="bench_dashboard") as low:
             page = _Page(f"{low.dashboard}/diffsoup", browser)
             backend = low.backend
+            publishing = _Timed(backend, "_publish")
             low.value_and_grad(THETA)  # compiles
+            published = {"s": publishing.seconds, "n": 0}
             try:
                 for r in range(rounds):
                     medians = {}
                     for mode in modes[r % 3:] + modes[: r % 3]:
                         if mode == "not published":
-                            backend._publish = lambda final=False: None
+                            timed_publish, backend._publish = backend._publish, lambda final=False: None
                         if mode == "page open":
                             page.open()
+                            opened, before = time.perf_counter(), (updates.seconds, updates.calls)
                         times = []
+                        cpu0 = _cpu_seconds(processes)
                         for _ in range(repeats):
                             t0 = time.perf_counter()
                             low.value_and_grad(THETA)
                             times.append(time.perf_counter() - t0)
+                        medians["cpu:" + mode] = (_cpu_seconds(processes) - cpu0) / repeats
                         medians[mode] = statistics.median(times)
                         if mode == "page open":
+                            direct["page_open_s"] += time.perf_counter() - opened
+                            direct["page_update_s"] += updates.seconds - before[0]
+                            direct["page_updates"] += updates.calls - before[1]
                             page.close()
                         if mode == "not published":
-                            del backend._publish
+                            backend._publish = timed_publish
+                        else:
+                            published["n"] += repeats
                     per_round.append(medians)
             finally:
                 page.stop()
             how = page.how
+            direct["publish_s_per_evaluation"] = (publishing.seconds - published["s"]) / max(published["n"], 1)
     finally:
         client.close()
         cluster.close()
-    return per_round, how
+    return per_round, how, direct
 
 
 def _dashboard_rows(a):
     n = a.per_worker * 2
-    per_round, how = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
+    per_round, how, direct = _dashboard_cost(_study(n), 2, a.dashboard_repeats, browser=a.page == "chromium")
     rows = []
-    for mode in per_round[0]:
+    for mode in (m for m in per_round[0] if not m.startswith("cpu:")):
         ratios = [r[mode] / r["page closed"] - 1.0 for r in per_round]
+        cpu_ratios = [r["cpu:" + mode] / r["cpu:page closed"] - 1.0 for r in per_round]
         rows.append({"state": mode, "workers": 2, "experiments": n,
                      "wall_s": statistics.median(r[mode] for r in per_round),
                      "vs_page_closed": statistics.median(ratios),  # paired by round: drifts cancel
-                     "vs_page_closed_min": min(ratios), "vs_page_closed_max": max(ratios)})  # fmt: skip
+                     "vs_page_closed_min": min(ratios), "vs_page_closed_max": max(ratios),
+                     "cpu_s": statistics.median(r["cpu:" + mode] for r in per_round),
+                     "cpu_vs_page_closed": statistics.median(cpu_ratios),
+                     "cpu_vs_page_closed_min": min(cpu_ratios), "cpu_vs_page_closed_max": max(cpu_ratios)})  # fmt: skip
     print(f"\ndashboard cost (2 workers, {n} experiments, value+grad; {len(per_round)} rounds of "
-          f"{a.dashboard_repeats} per state; page in {how}):")  # fmt: skip
-    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15} {'range over rounds':>20}")
+          f"{a.dashboard_repeats} per state; page in {how}; os.cpu_count()={os.cpu_count()}):")  # fmt: skip
+    print(f"{'state':>14} {'wall ms':>9} {'vs page closed':>15} {'range over rounds':>20} {'CPU ms':>8} "
+          f"{'CPU vs closed':>14} {'range over rounds':>20}")  # fmt: skip
     for r in rows:
         print(f"{r['state']:>14} {r['wall_s'] * 1e3:>9.2f} {r['vs_page_closed'] * 100:>14.2f}% "
-              f"{r['vs_page_closed_min'] * 100:>8.1f}% .. {r['vs_page_closed_max'] * 100:.1f}%")  # fmt: skip
+              f"{r['vs_page_closed_min'] * 100:>8.1f}% .. {r['vs_page_closed_max'] * 100:.1f}% "
+              f"{r['cpu_s'] * 1e3:>8.2f} {r['cpu_vs_page_closed'] * 100:>13.2f}% "
+              f"{r['cpu_vs_page_closed_min'] * 100:>8.1f}% .. {r['cpu_vs_page_closed_max'] * 100:.1f}%")  # fmt: skip
+    evaluation = statistics.median(r["page closed"] for r in per_round)
+    direct["page_update_core_fraction"] = direct["page_update_s"] / direct["page_open_s"]
+    direct["publish_vs_evaluation"] = direct["publish_s_per_evaluation"] / evaluation
+    print(f"measured directly: the page's updates {direct['page_update_s'] * 1e3:.1f} ms of CPU in "
+          f"{direct['page_open_s']:.1f} s open ({direct['page_updates']} updates; "
+          f"{direct['page_update_core_fraction'] * 100:.3f}% of one core); publishing "
+          f"{direct['publish_s_per_evaluation'] * 1e3:.3f} ms per evaluation "
+          f"({direct['publish_vs_evaluation'] * 100:.2f}% of an evaluation's {evaluation * 1e3:.1f} ms)")  # fmt: skip
+    for r in rows:
+        r["page_update_core_fraction"] = direct["page_update_core_fraction"] if r["state"] == "page open" else 0.0
+        r["publish_vs_evaluation"] = 0.0 if r["state"] == "not published" else direct["publish_vs_evaluation"]
     return rows, how
 
 
