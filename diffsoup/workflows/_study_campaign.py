@@ -101,8 +101,9 @@ def read_old_start_ids(ledger_path: Path, items: Sequence[Mapping[str, Any]], di
     return backup
 
 
-def _tasks_label(plan: Any, n_tasks: int) -> str:
+def _tasks_label(plan: Any) -> str:
     """What the campaign's tasks are: ``"20 starts"``, or ``"4 blocks of starts (1000 starts)"``."""
+    n_tasks = len(plan.items)
     if not plan.blocks:
         return f"{n_tasks} starts"
     starts = sum(int(item["count"]) for item in plan.items)
@@ -189,7 +190,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
                        hierarchical=settings["hierarchical"], ledger_path=ledger if resume else None,
                        tags={"study_digest": digest, "hierarchical": settings["hierarchical"]})  # fmt: skip
     lowered, items = plan.lowered, plan.items
-    log(f"[diffsoup] campaign on {sf.name}: {_tasks_label(plan, len(items))} ({_method_label(settings)}), "
+    log(f"[diffsoup] campaign on {sf.name}: {_tasks_label(plan)} ({_method_label(settings)}), "
         f"ledger {ledger}, {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
     if resume and not plan.blocks:  # blocks of starts (method batched) never had the old ids
         read_old_start_ids(ledger, items, digest, settings["hierarchical"], log)
@@ -210,7 +211,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     done = [r for r in campaign.records if r.state == "accepted"]
     # Accepted by an earlier run: finished before this one began.
     earlier = {r.task_id for r in done if r.finished and datetime.fromisoformat(r.finished) < began}
-    log(f"[diffsoup] campaign: {len(campaign.results)} of {_tasks_label(plan, len(items))} finished, "
+    log(f"[diffsoup] campaign: {len(campaign.results)} of {_tasks_label(plan)} finished, "
         f"{len(campaign.failures)} failed")  # fmt: skip
     if not campaign.results:  # every task raised
         exc = RuntimeError(f"campaign: every start failed; see {ledger} (first: "
