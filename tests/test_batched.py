@@ -176,6 +176,24 @@ def test_options_are_checked():
     assert optimizer_of("batched", ftol=1e-6, max_nfev=50) == BatchedTrustRegion(ftol=1e-6, max_evaluations=50)
 
 
+def test_the_budget_per_start_is_an_explorers_when_a_polish_follows():
+    """Unset, the evaluations per start are 100 when the best ends are polished (the batched phase
+    explores), scipy's 100 n_theta otherwise; a budget given is kept either way. A run at the
+    budget ends its lanes there."""
+    from diffsoup.inference.fitting._batched_trust_region import EXPLORE_EVALUATIONS
+
+    assert EXPLORE_EVALUATIONS == 100
+    assert BatchedTrustRegion().budget(13) == 100 and BatchedTrustRegion().budget(1) == 100
+    assert BatchedTrustRegion(polish=0).budget(13) == 1300
+    assert BatchedTrustRegion(max_evaluations=7).budget(13) == 7 == BatchedTrustRegion(max_evaluations=7, polish=0).budget(13)
+    rosenbrock = lambda x: jnp.stack([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])  # noqa: E731
+    starts = np.array([[-1.9, 2.9], [1.9, -0.9]])
+    run = run_lanes(BatchedTrustRegion(lanes=2, max_evaluations=4, stall_rtol=0.0), evaluator(rosenbrock), starts,
+                    np.full(2, -3.0), np.full(2, 3.0))  # fmt: skip
+    assert [r.evaluations for r in run.results] == [4, 4]
+    assert all(r.status == LaneStatus.MAX_EVALUATIONS for r in run.results)
+
+
 @pytest.fixture(scope="module")
 def decay():
     return ds.lower(decay_study(11), solver=SOLVER)
