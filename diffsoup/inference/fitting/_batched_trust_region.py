@@ -113,7 +113,7 @@ class BatchedTrustRegion(AbstractOptimizer):
         """Most evaluations per start for ``k`` free coordinates."""
         if self.max_evaluations is not None:
             return int(self.max_evaluations)
-        return min(EXPLORE_EVALUATIONS, 100 * int(k)) if self.polish else 100 * int(k)
+        return EXPLORE_EVALUATIONS if self.polish else 100 * int(k)
 
     def options(self, k: int) -> tuple:
         """The numbers :func:`lane_step` is compiled with."""
