@@ -96,3 +96,17 @@ def closed_form_interval(seed, index, delta):
     lo = brentq(lambda t: profile(t) - level, t0 - 1.0, t0, xtol=1e-12)
     hi = brentq(lambda t: profile(t) - level, t0, t0 + 1.0, xtol=1e-12)
     return lo, hi
+
+
+def two_noise_levels_study(distribution=Gaussian, sd2_scale="log10", sd1_upper=10.0):
+    """Two experiments with their own noise level (sd1, sd2) and one offset o over both (sd1's
+    spread about 0.05: an upper bound below that holds its optimum at the bound)."""
+    rng = np.random.default_rng(5)
+    exps = []
+    for i, sd in enumerate((0.05, 0.2)):
+        d = (np.exp(-0.5 * TIMES) + 0.4 + sd * rng.standard_normal(TIMES.size))[:, None]
+        exps.append(ds.Experiment(f"e{i}", TIMES, d, observables=lambda y, p: y + p["o"], y0=[1.0],
+                                  noise=distribution(f"sd{i + 1}"), observable_parameters={"o": "o"}))  # fmt: skip
+    params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("o", 0.0, -5.0, 5.0, scale="lin"),
+              Parameter("sd1", min(0.1, sd1_upper), 1e-3, sd1_upper), Parameter("sd2", 0.1, 1e-3, 10.0, scale=sd2_scale)]  # fmt: skip
+    return ds.Study(problem(), exps, params)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fit_helpers import SOLVER, decay_study, reference_fit
+from fit_helpers import SOLVER, decay_study, reference_fit, two_noise_levels_study
 from scipy.optimize import least_squares, lsq_linear
 
 import diffsoup as ds
@@ -249,3 +249,59 @@ def test_one_start_through_fits_per_start_path_equals_its_lane(decay):
     lane = ds.inference.fit(decay, method=options, starts=point[None]).starts[0]
     np.testing.assert_allclose(alone.x, lane.x, rtol=0, atol=1e-8)
     assert alone.success and alone.objective == pytest.approx(lane.objective, abs=1e-10)
+
+
+@pytest.mark.parametrize("distribution, sd1_upper", [(ds.inference.Gaussian, 10.0), (ds.inference.LogNormal, 10.0),
+                                                     (ds.inference.Gaussian, 0.02)],
+                         ids=["gaussian", "lognormal", "sd1-at-its-bound"])  # fmt: skip
+def test_noise_levels_in_the_lanes_equal_the_per_point_path(distribution, sd1_upper):
+    """The lanes' closed-form noise levels (one evaluation per point, moved and projected on the
+    device, all points at once) give the residuals, the projected Jacobian and the noise optimum of
+    ``StartObjective``'s path that evaluates again at the optimum (``projected_jacobian``); a noise
+    level held at its bound is not projected out."""
+    from diffsoup.inference.fitting._hierarchical import AnalyticParameters
+    from diffsoup.inference.fitting._lane_noise import LaneNoise
+    from diffsoup.inference.fitting._optimizers import StartObjective
+
+    low = ds.lower(two_noise_levels_study(distribution, sd2_scale="lin", sd1_upper=sd1_upper), solver=SOLVER)
+    found = AnalyticParameters.find(low, ["sd1", "sd2"])
+    lane = LaneNoise.of(low, found)
+    assert lane.free.tolist() == [0, 1]
+    x = np.array([[-0.2, 0.5], [0.3, 0.1], [0.05, -0.4]])
+    thetas = lane.thetas(x)
+    r, J, failures = low.residuals_and_jacobians(thetas)
+    assert failures == ({}, {}, {})
+    moved, r_moved, J_moved = (np.asarray(a) for a in lane.moved(thetas, r, J))
+    for i in range(len(x)):
+        objective = StartObjective(low, analytic=found)
+        objective._noise_alone = False  # the path that evaluates again at the optimum
+        r_at, J_at = objective.residuals_and_jacobian(x[i])
+        np.testing.assert_allclose(moved[i], objective.theta(x[i]), rtol=1e-12)
+        np.testing.assert_allclose(r_moved[i], r_at, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(J_moved[i], J_at, rtol=1e-7, atol=1e-8 * np.max(np.abs(J_at)))
+    if sd1_upper < 1.0:
+        assert np.all(moved[:, 2] == np.log10(sd1_upper))
+
+
+def test_a_batched_fit_with_noise_levels_moves_the_other_coordinates_as_one_start_alone_does():
+    """With the default analytic noise levels the lanes move k and o alone; each lane ends where
+    the same start does through fit's per-start path (``run_start``, which evaluates again at the
+    noise optimum), at fides' optimum, its noise levels at their closed-form values there."""
+    from diffsoup.inference.fitting._fit import run_start
+    from diffsoup.inference.fitting._hierarchical import AnalyticParameters
+
+    low = ds.lower(two_noise_levels_study(), solver=SOLVER)
+    found = AnalyticParameters.find(low, None)
+    assert found is not None and found.noise.names == ("sd1", "sd2") and found.affine is None
+    options = BatchedTrustRegion(lanes=3, polish=0, **TIGHT)
+    result = ds.inference.fit(low, method=options, starts=3, seed=0)
+    assert result.analytic == ("sd1", "sd2")
+    fides = ds.inference.fit(low, method="fides", starts=3, seed=0)
+    points = start_points(low, 3, 0)
+    for i, start in enumerate(result.starts):
+        np.testing.assert_array_equal(start.x0, points[i])
+        alone = run_start(low, BatchedTrustRegion(lanes=1, polish=0, **TIGHT), points[i], analytic=found)
+        np.testing.assert_allclose(start.x, alone.x, rtol=0, atol=1e-8)
+        assert start.objective == pytest.approx(alone.objective, abs=1e-9)
+        assert start.objective == pytest.approx(fides.objective, abs=1e-8)
+        np.testing.assert_allclose(start.x, fides.theta, atol=1e-5)

@@ -4,7 +4,7 @@ closed form; the reduced objective's gradient and Hessians match finite differen
 
 import numpy as np
 import pytest
-from fit_helpers import SOLVER, TIMES, data, decay_study, problem, reference_fit
+from fit_helpers import SOLVER, TIMES, data, decay_study, problem, reference_fit, two_noise_levels_study
 
 import diffsoup as ds
 from diffsoup.inference import LBFGSB, TRF, Fides, Gaussian, Parameter
@@ -165,26 +165,13 @@ def test_offsets_scalings_and_a_noise_level_together_give_the_full_fits_optimum(
     assert H[0, 0] == pytest.approx((value(x + h) - 2 * v + value(x - h)) / h**2, rel=1e-3)
 
 
-def _two_noise_levels_study(distribution=Gaussian, sd2_scale="log10"):
-    """Two experiments with their own noise level (sd1, sd2) and one offset o over both."""
-    rng = np.random.default_rng(5)
-    exps = []
-    for i, sd in enumerate((0.05, 0.2)):
-        d = (np.exp(-0.5 * TIMES) + 0.4 + sd * rng.standard_normal(TIMES.size))[:, None]
-        exps.append(ds.Experiment(f"e{i}", TIMES, d, observables=lambda y, p: y + p["o"], y0=[1.0],
-                                  noise=distribution(f"sd{i + 1}"), observable_parameters={"o": "o"}))  # fmt: skip
-    params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("o", 0.0, -5.0, 5.0, scale="lin"),
-              Parameter("sd1", 0.1, 1e-3, 10.0), Parameter("sd2", 0.1, 1e-3, 10.0, scale=sd2_scale)]  # fmt: skip
-    return ds.Study(problem(), exps, params)
-
-
 @pytest.mark.parametrize("distribution", [Gaussian, ds.inference.LogNormal], ids=["gaussian", "lognormal"])
 def test_noise_levels_alone_take_one_evaluation_equal_to_evaluating_at_their_optimum(distribution):
     """With noise levels alone analytic, value and Gauss-Newton come from one evaluation at the
     template's spreads, the rows moved to the optimum: equal to evaluating there (and to the
     two-evaluation path); the reduced gradient matches central differences of the reduced value.
     sd2 on a linear scale (its own column's slope differs from log10's)."""
-    low = ds.lower(_two_noise_levels_study(distribution, sd2_scale="lin"), solver=SOLVER)
+    low = ds.lower(two_noise_levels_study(distribution, sd2_scale="lin"), solver=SOLVER)
     found = AnalyticParameters.find(low, ["sd1", "sd2"])
     assert found.affine is None and found.noise.names == ("sd1", "sd2")
     objective = StartObjective(low, analytic=found)
@@ -215,7 +202,7 @@ def test_noise_levels_alone_take_one_evaluation_equal_to_evaluating_at_their_opt
 
 
 def test_what_cannot_be_optimized_analytically_as_a_noise_level_is_refused_or_left_out():
-    low = ds.lower(_two_noise_levels_study(), solver=SOLVER)
+    low = ds.lower(two_noise_levels_study(), solver=SOLVER)
     # o reaches the cells of two noise levels: its optimum depends on them. True leaves it to the
     # optimizer; naming it with them fails.
     found = AnalyticParameters.find(low, True)
@@ -224,7 +211,7 @@ def test_what_cannot_be_optimized_analytically_as_a_noise_level_is_refused_or_le
         AnalyticParameters.find(low, ["o", "sd1", "sd2"])
     assert AnalyticParameters.find(low, ["o"]).names == ("o",)  # alone: the spreads stay numeric
     # A Laplace scale is not a Gaussian spread: its residuals sqrt(2 |z|) do not scale as 1/s.
-    laplace = ds.lower(_two_noise_levels_study(ds.inference.Laplace), solver=SOLVER)
+    laplace = ds.lower(two_noise_levels_study(ds.inference.Laplace), solver=SOLVER)
     with pytest.raises(ValueError, match=r"'sd1' cannot be optimized analytically as a noise level: it is not the spread"):
         NoiseParameters.find(laplace, ["sd1"])
     assert NoiseParameters.find(laplace, True) is None

@@ -42,7 +42,7 @@ from ._lowered_cache import fingerprint_of, lowered_from
 
 # What an item of a block holds besides its tags.
 BLOCK_KEYS = ("task_id", "block", "first", "count", "seed", "starts_per_block", "optimizer", "points",
-              "resample_failed_starts")  # fmt: skip
+              "resample_failed_starts", "analytic")  # fmt: skip
 
 
 def block_task_id(block: int) -> str:
@@ -86,14 +86,18 @@ class BlockTask:
         lowered: the lowered study, or a picklable zero-argument factory returning one (lowered
             once per worker process, in the process's cache under the factory's fingerprint).
         optimizer: the batched optimizer (its ``lanes``: the starts advanced together).
+        analytic: the names of the parameters optimized analytically at each evaluation (as the
+            driver found them; empty for none): noise levels alone are optimized in the lanes.
 
     Its result (JSON) holds ``starts`` (:func:`start_record` of each start, in order), the block's
     settings (``seed``, ``starts_per_block``, ``optimizer``: a conflict names the changed ones)
     and where it ran: ``window_solves``, ``built_here``, ``host``, ``pid``, ``slurm_job``.
     """
 
-    def __init__(self, lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], optimizer: BatchedTrustRegion):
+    def __init__(self, lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], optimizer: BatchedTrustRegion,
+                 analytic: Sequence[str] = ()):  # fmt: skip
         self.lowered, self.optimizer = lowered, optimizer
+        self.analytic = tuple(analytic)
         self.fingerprint = None if isinstance(lowered, AbstractLoweredStudy) else fingerprint_of(lowered)
 
     def __call__(self, item: Mapping[str, Any]) -> dict:
@@ -106,7 +110,10 @@ class BlockTask:
                              "(another study file or lowering options on this worker?); run the driver and the "
                              "workers on the same study.")  # fmt: skip
         attempts = int(item["resample_failed_starts"])
-        block = run_block(low, self.optimizer, points, [True] * count, seed=seed, first=first, attempts=attempts)
+        from ._start_runs import analytic_once  # here: _start_runs imports this module
+
+        block = run_block(low, self.optimizer, points, [True] * count, seed=seed, first=first, attempts=attempts,
+                          analytic=analytic_once(low, self.analytic))  # fmt: skip
         return {"starts": [start_record(s, first + i, status) for i, (s, status) in enumerate(zip(*block))],
                 "seed": seed, "starts_per_block": int(item["starts_per_block"]), "optimizer": item["optimizer"],
                 "window_solves": window_solves() - solves_before, "built_here": built,
@@ -140,9 +147,11 @@ def recorded_blocks(ledger_path: Any, *, seed: int, starts_per_block: int, optim
 
 def block_items(lowered: AbstractLoweredStudy, optimizer: BatchedTrustRegion, *, starts: int, seed: int,
                 starts_per_block: int, resample_failed_starts: int, tags: Mapping[str, Any],
-                recorded: Mapping[int, tuple[int, int]] | None = None) -> list[dict]:  # fmt: skip
+                recorded: Mapping[int, tuple[int, int]] | None = None, analytic: Sequence[str] = ()) -> list[dict]:  # fmt: skip
     """One item per block of ``starts_per_block`` starts (the last one may hold fewer); the blocks
-    ``recorded`` (:func:`recorded_blocks`) keep their ranges where they lie within ``starts``."""
+    ``recorded`` (:func:`recorded_blocks`) keep their ranges where they lie within ``starts``. An
+    item names the ``analytic`` parameters where there are any (blocks recorded without them, or
+    with others, conflict: their lanes ran on another objective)."""
     starts = int(starts)
     points = start_points(lowered, starts, int(seed))
     items, first, b = [], 0, 0
@@ -155,7 +164,8 @@ def block_items(lowered: AbstractLoweredStudy, optimizer: BatchedTrustRegion, *,
         items.append({"task_id": block_task_id(b), "block": b, "first": first, "count": count, "seed": int(seed),
                       "starts_per_block": starts_per_block, "optimizer": repr(optimizer),
                       "points": points_digest(points[first : first + count]),
-                      "resample_failed_starts": int(resample_failed_starts), **tags})  # fmt: skip
+                      "resample_failed_starts": int(resample_failed_starts),
+                      **({"analytic": list(analytic)} if analytic else {}), **tags})  # fmt: skip
         first, b = first + count, b + 1
     return items
 

@@ -192,18 +192,19 @@ def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStud
     low, _ = lowered_from(lowered, task.fingerprint)  # a factory's study is the tasks' in this process
     found = AnalyticParameters.find(low, hierarchical) if hierarchical is None or hierarchical else None
     analytic = list(found.names) if found is not None else []
-    if batched:  # the analytic parameters serve the polish, here: they are not part of the blocks
+    remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
+    task.analytic = tuple(analytic)
+    if batched:  # the lanes optimize noise levels analytically, the polish every analytic parameter
         per_block = check_starts_per_block(starts_per_block, optimizer)
         recorded = recorded_blocks(ledger_path, seed=int(seed), starts_per_block=per_block, optimizer=optimizer)
         items = block_items(low, optimizer, starts=int(starts), seed=int(seed), starts_per_block=per_block,
-                            resample_failed_starts=int(resample_failed_starts), tags=tags, recorded=recorded)  # fmt: skip
+                            resample_failed_starts=int(resample_failed_starts), tags=tags, recorded=recorded,
+                            analytic=analytic)  # fmt: skip
         return StartPlan(low, items, task, optimizer, tuple(analytic), found)
     points = start_points(low, int(starts), int(seed))
-    remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
     # Tasks without analytic parameters carry no such entry, as before there were any: earlier ledgers resume.
     items = [{"task_id": start_task_id(i), "index": i, "x0": [float(v) for v in p], "optimizer": repr(optimizer),
               **({"analytic": analytic} if analytic else {}), **tags} for i, p in enumerate(points)]  # fmt: skip
-    task.analytic = tuple(analytic)
     return StartPlan(low, items, task, optimizer, tuple(analytic), found)
 
 

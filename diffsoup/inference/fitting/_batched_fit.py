@@ -5,11 +5,13 @@ distinct end points finished by fides.
    reflective least squares) with ``lanes`` starts at a time: each iteration evaluates the residuals
    and Jacobians of all lanes' trial points in one program
    (``AbstractLoweredStudy.residuals_and_jacobians``) and advances every lane in one jitted step
-   (:func:`~diffsoup.inference.fitting._batched_trust_region.run_lanes`). This phase optimizes every
-   coordinate of theta, noise levels included: the analytic (hierarchical) optimization of ``fit``
-   moves the residuals and their Jacobian per point on the host, which would take the lanes out of
-   the one program; the noise levels' own residuals (:mod:`diffsoup.inference._terms`) keep the
-   problem a least-squares one.
+   (:func:`~diffsoup.inference.fitting._batched_trust_region.run_lanes`). With ``fit``'s default
+   analytic parameters, noise levels alone, the lanes see the objective fides sees: the noise
+   levels' optimum is found in closed form from each point's residuals, on the device, and the
+   lanes move the other coordinates (:mod:`~diffsoup.inference.fitting._lane_noise`). With offsets
+   or scaling factors analytic as well (``hierarchical=True``) or none (``False``), the lanes move
+   every coordinate of theta (the noise levels' own residuals, :mod:`diffsoup.inference._terms`,
+   keep the problem a least-squares one) and only the polish optimizes them analytically.
 2. **Distinct optima.** The end points are clustered (:func:`distinct_optima`): two ends belong to
    one optimum when their objectives differ by at most ``CONVERGED`` (1e-3, the PEtab benchmarks'
    criterion) and their coordinates by at most ``SAME_POINT`` of each bounded coordinate's range
@@ -47,6 +49,7 @@ import numpy as np
 from ..objective._abstract_lowered import AbstractLoweredStudy
 from ._batched_trust_region import BatchedTrustRegion, run_lanes
 from ._fides import Fides
+from ._lane_noise import LaneNoise
 from ._results import CONVERGED, FitResult, StartResult
 from ._run_start import run_start
 from ._starts import replacement_point
@@ -112,8 +115,8 @@ class Block(NamedTuple):
 
 
 def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: np.ndarray, replaceable: Sequence[bool],
-              *, seed: int, first: int = 0, first_drawn: int = 0, attempts: int = 0,
-              progress: bool = False) -> Block:  # fmt: skip
+              *, seed: int, first: int = 0, first_drawn: int = 0, attempts: int = 0, progress: bool = False,
+              analytic: Any = None) -> Block:  # fmt: skip
     """The batched phase alone: every start of ``points`` run to its end, ``optimizer.lanes`` at a
     time (no polish). ``fit`` runs all its starts as one block; a multistart campaign
     (``multistart(method="batched")``) runs each block of starts as a task, on a worker.
@@ -129,6 +132,10 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
             start ``first + i - first_drawn`` of the stream gets the replacements of its own index.
         attempts: most replacements of a drawn start point.
         progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
+        analytic: ``fit``'s analytic parameters: noise levels alone are optimized in closed form
+            in the lanes (:class:`~diffsoup.inference.fitting._lane_noise.LaneNoise`), which then
+            move the other coordinates; otherwise (none, or offsets and scaling factors too) the
+            lanes move every coordinate.
 
     Returns:
         A :class:`Block`: one :class:`StartResult` per start, in the order of ``points`` (a start
@@ -136,9 +143,14 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
         :class:`~diffsoup.inference.LaneStatus` name that ended each.
     """
     scale, offset = float(low.scale), float(low.offset)
+    noise = LaneNoise.of(low, analytic)
+    moves = np.arange(low.problem.n_theta) if noise is None else noise.free  # the coordinates the lanes move
 
-    def evaluate(thetas, active):
+    def evaluate(x, active):
+        thetas = x if noise is None else noise.thetas(x)
         r, J, failures = low.residuals_and_jacobians(thetas, active)
+        if noise is not None:
+            _, r, J = noise.moved(thetas, r, J)
         return r, J, np.array([not f for f in failures])
 
     bar = None
@@ -153,16 +165,28 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
             bar.set_postfix(best=f"{2.0 * scale * best_cost + offset:.6g}", refresh=True)
 
     try:
-        run = run_lanes(optimizer, evaluate, points, low.lower, low.upper,
-                        replace=lambda i, j: replacement_point(low, seed, first + i - first_drawn, j),
+        run = run_lanes(optimizer, evaluate, np.asarray(points, dtype=np.float64)[:, moves], low.lower[moves],
+                        low.upper[moves], replace=lambda i, j: replacement_point(low, seed, first + i - first_drawn, j)[moves],
                         attempts=[attempts if r else 0 for r in replaceable], on_iteration=on_iteration)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
-    starts = [StartResult(e.x0, e.x, 2.0 * scale * e.cost + offset if math.isfinite(e.cost) else math.inf,
-                          e.status.converged, e.message + (f" ({e.failed} trial points failed to solve)" if e.failed else ""),
-                          e.evaluations, e.accepted, e.seconds, (), e.resampled)
-              for e in run.results]  # fmt: skip
+    x0s = np.stack([e.x0 for e in run.results])
+    ends = np.stack([e.x for e in run.results])
+    notes = [""] * len(ends)
+    if noise is not None:  # full points: the start point as drawn, the end with its noise levels' optimum
+        x0s = np.array([points[i] if not e.resampled else replacement_point(low, seed, first + i - first_drawn, e.resampled)
+                        for i, e in enumerate(run.results)], dtype=np.float64)  # fmt: skip
+        ended = np.array([math.isfinite(e.cost) for e in run.results])
+        at_optimum, solved = noise.optimum(low, ends[ended], min(int(optimizer.lanes), len(points)))
+        ends = noise.thetas(ends)
+        ends[ended] = at_optimum
+        for i in np.flatnonzero(ended)[~solved]:
+            notes[i] = " (its end point did not solve again: its noise levels are the nominal ones)"
+    starts = [StartResult(x0s[i], ends[i], 2.0 * scale * e.cost + offset if math.isfinite(e.cost) else math.inf,
+                          e.status.converged, e.message + (f" ({e.failed} trial points failed to solve)" if e.failed else "")
+                          + notes[i], e.evaluations, e.accepted, e.seconds, (), e.resampled)
+              for i, e in enumerate(run.results)]  # fmt: skip
     return Block(starts, tuple(e.status.name for e in run.results))
 
 
@@ -215,8 +239,10 @@ def batched_result(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, sta
     """
     t0 = time.perf_counter()
     starts, optima = polish_ends(low, optimizer, starts, analytic=analytic)
+    in_lanes = LaneNoise.of(low, analytic) is not None
     result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=seconds + time.perf_counter() - t0,
-                                   analytic=analytic.names if analytic is not None and optimizer.polish else ())  # fmt: skip
+                                   analytic=analytic.names if analytic is not None and (optimizer.polish or in_lanes)
+                                   else ())  # fmt: skip
     return dataclasses.replace(result, optima=optima)
 
 
@@ -234,12 +260,12 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
             (1 after an ``x0``), so that a draw's replacements do not depend on ``x0``.
         attempts: most replacements of a drawn start point.
         progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
-        analytic: ``fit``'s analytic parameters, for the polish.
+        analytic: ``fit``'s analytic parameters, for the lanes (:func:`run_block`) and the polish.
 
     Returns:
         A ``FitResult`` with ``optima``.
     """
     began = time.perf_counter()
     starts = run_block(low, optimizer, points, replaceable, seed=seed, first_drawn=first_drawn, attempts=attempts,
-                       progress=progress).starts  # fmt: skip
+                       progress=progress, analytic=analytic).starts  # fmt: skip
     return batched_result(low, optimizer, starts, seconds=time.perf_counter() - began, analytic=analytic)

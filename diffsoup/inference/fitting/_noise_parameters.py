@@ -35,6 +35,7 @@ class NoiseParameters:
         log_slopes: per parameter, ``d log(s) / d theta_j`` as a function of ``s`` (its scale's).
         lower, upper: their bounds, linear values.
         to_scale, from_scale: per parameter, linear value -> ``theta`` coordinate and back.
+        scales: per parameter, its scale (``"lin"``, ``"log"``, ``"log10"``).
     """
 
     indices: np.ndarray
@@ -47,6 +48,7 @@ class NoiseParameters:
     upper: np.ndarray
     to_scale: tuple[Callable[[float], float], ...]
     from_scale: tuple[Callable[[float], float], ...]
+    scales: tuple[str, ...]
 
     @classmethod
     def find(cls, lowered: AbstractLoweredStudy, names: bool | Sequence[str] = True,
@@ -113,6 +115,7 @@ class NoiseParameters:
             indices=np.asarray([wanted[k] for k in keep], dtype=np.int64), names=tuple(theta_names[wanted[k]] for k in keep),
             rows=tuple(rows), log_rows=tuple(log_rows), counts=np.asarray([r.size for r in log_rows], dtype=np.float64),
             log_slopes=tuple(LOG_SLOPES[params[k].scale] for k in keep), **bounds_and_scales([params[k] for k in keep]),
+            scales=tuple(params[k].scale for k in keep),
         )  # fmt: skip
 
     def __len__(self) -> int:
