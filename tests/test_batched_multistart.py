@@ -187,7 +187,7 @@ def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_
     from diffsoup.workflows import _study_runs
     from diffsoup.workflows._auto_method import AUTO_MIN_STARTS, choose_method
 
-    assert choose_method(1000, "cpu")[0] == "fides" and "47.9 against 18.0" in choose_method(1000, "cpu")[1]
+    assert choose_method(1000, "cpu")[0] == "fides" and "no faster" in choose_method(1000, "cpu")[1]
     assert choose_method(AUTO_MIN_STARTS - 1, "gpu")[0] == "fides"
     assert choose_method(AUTO_MIN_STARTS, "gpu")[0] == "batched"
     plain, named = load_study(write_decay_study(tmp_path / "a")), load_study(write_decay_study(tmp_path / "b", FIT_FIDES))

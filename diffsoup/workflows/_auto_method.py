@@ -3,9 +3,9 @@ batched optimizer where it was measured faster, else fides.
 
 Measured (docs/benchmarks.md, ``benchmarks/bench_fits.py``): on one H200 the batched path fits
 Bruno at 7.6 converged starts per second (512 starts as lanes), against about 2 per second for
-fides start by start on a CPU core; on the 2-core CPU it is slower per converged start than fides
-(Boehm 47.9 against 18.0 CPU s, Bruno 0.63 against 0.46), since the lanes' evaluations run one after
-the other there. So ``auto`` takes ``batched`` when the default JAX backend is a GPU and there are
+fides start by start on a CPU core; on the 2-core CPU neither wins clearly per converged start (from
+the same 200 starts: Boehm 5.39 against fides' 6.24 CPU s, Bruno 0.419 against 0.404), since the
+lanes' evaluations run one after the other there. So ``auto`` takes ``batched`` when the default JAX backend is a GPU and there are
 at least :data:`AUTO_MIN_STARTS` starts (one program's worth of lanes: fewer leave lanes empty
 and pay the compilation for little), and ``fides`` otherwise.
 """
@@ -43,8 +43,8 @@ def _worker_backend() -> str:
 def choose_method(starts: int, backend: str) -> tuple[str, str]:
     """``(method, why)`` of ``auto`` for ``starts`` starts on ``backend`` (a JAX backend name)."""
     if backend != "gpu":
-        return "fides", (f"the default JAX backend is {backend}, where the batched path measured slower per converged "
-                         "start (Boehm 47.9 against 18.0 CPU s)")  # fmt: skip
+        return "fides", (f"the default JAX backend is {backend}, where the batched path measured no faster per converged "
+                         "start (Bruno 0.419 against fides' 0.404 CPU s)")  # fmt: skip
     if starts < AUTO_MIN_STARTS:
         return "fides", (f"{starts} starts on the GPU are fewer than {AUTO_MIN_STARTS}, too few to fill the batched "
                          f"program's lanes (give --starts {AUTO_MIN_STARTS} or more, or --method batched)")  # fmt: skip
