@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from fit_helpers import SOLVER, decay_study, reference_fit
+from fit_helpers import SOLVER, decay_study, reference_fit, two_noise_levels_study
 
 import diffsoup as ds
 from diffsoup.distributed._start_runs import multistart
@@ -130,6 +130,20 @@ def test_another_block_size_or_seed_is_a_ledger_conflict_naming_it(decay, tmp_pa
         multistart(decay, starts=4, method="trf", starts_per_block=2)
     with pytest.raises(ValueError, match=r"tags \['first'\]"):
         multistart(decay, starts=4, method=OPTIONS, tags={"first": 1})
+
+
+def test_blocks_optimize_noise_levels_as_fit_does_and_a_change_of_them_is_a_conflict(tmp_path):
+    """With noise levels to optimize analytically (the default), a block's lanes move the other
+    coordinates as ``fit``'s do (the same end states); a rerun without them conflicts, naming them."""
+    low = ds.lower(two_noise_levels_study(), solver=SOLVER)
+    ledger = tmp_path / "blocks.json"
+    blocks = multistart(low, starts=4, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
+    whole = ds.inference.fit(low, method=OPTIONS, starts=4, seed=0)
+    assert blocks.analytic == whole.analytic == ("sd1", "sd2")
+    for a, b in zip(ends(blocks), ends(whole)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    with pytest.raises(LedgerConflictError, match=r"block-0000 ran with analytic parameters \['sd1', 'sd2'\], now \[\]"):
+        multistart(low, starts=4, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger, hierarchical=False)
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ class BlockTask:
             driver found them; empty for none): noise levels alone are optimized in the lanes.
 
     Its result (JSON) holds ``starts`` (:func:`start_record` of each start, in order), the block's
-    settings (``seed``, ``starts_per_block``, ``optimizer``: a conflict names the changed ones)
+    settings (``seed``, ``starts_per_block``, ``optimizer``, ``analytic``: a conflict names the changed ones)
     and where it ran: ``window_solves``, ``built_here``, ``host``, ``pid``, ``slurm_job``.
     """
 
@@ -116,7 +116,7 @@ class BlockTask:
                           analytic=analytic_once(low, self.analytic))  # fmt: skip
         return {"starts": [start_record(s, first + i, status) for i, (s, status) in enumerate(zip(*block))],
                 "seed": seed, "starts_per_block": int(item["starts_per_block"]), "optimizer": item["optimizer"],
-                "window_solves": window_solves() - solves_before, "built_here": built,
+                "analytic": list(self.analytic), "window_solves": window_solves() - solves_before, "built_here": built,
                 "host": os.uname().nodename, "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
 
 
@@ -181,7 +181,7 @@ def block_starts(items: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
 
 def conflict_detail(ledger_path: Any, items: Sequence[Mapping[str, Any]]) -> str:
     """What changed between the blocks recorded in the ledger and ``items`` (their ``seed``,
-    ``starts_per_block``, optimizer), in words; empty when the ledger does not say."""
+    ``starts_per_block``, optimizer, analytic parameters), in words; empty when the ledger does not say."""
     try:
         ledger = Ledger.load(ledger_path)
     except Exception:  # noqa: BLE001 (the detail must not hide the conflict itself)
@@ -195,6 +195,8 @@ def conflict_detail(ledger_path: Any, items: Sequence[Mapping[str, Any]]) -> str
         for key in ("seed", "starts_per_block", "optimizer"):
             if key in result and result[key] != item[key]:
                 changes.append(f"{key} {result[key]!r}, now {item[key]!r}")
+        if result.get("analytic", []) != item.get("analytic", []):  # the lanes' objective (noise levels in closed form)
+            changes.append(f"analytic parameters {result.get('analytic', [])!r}, now {item.get('analytic', [])!r}")
         if changes:
             return f"{item['task_id']} ran with " + "; ".join(changes)
     return ""
