@@ -448,7 +448,7 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     ends where ``fit`` from the same point ends."""
     import pickle
 
-    from diffsoup.distributed import _lowered_cache, _start_runs
+    from diffsoup.distributed import _analytic_memo, _lowered_cache, _start_runs
     from diffsoup.inference import fit
     from diffsoup.inference.fitting._fit import optimizer_of
     from diffsoup.inference.fitting._hierarchical import AnalyticParameters
@@ -470,7 +470,7 @@ def test_campaign_tasks_find_the_analytic_parameters_once_and_end_where_fit_does
     # A worker process (the task unpickled there, an empty cache): the study is lowered by the
     # first task, the parameters found once for both.
     monkeypatch.setattr(_lowered_cache, "LOWERED", _lowered_cache.LoweredCache())
-    monkeypatch.setattr(_start_runs, "_ANALYTIC", [None, None, None])
+    monkeypatch.setattr(_analytic_memo, "_ANALYTIC", [None, None, None])
     calls.clear()
     task = _start_runs.StartTask(StudyLowering(str(study.resolve()), study_digest(study)), optimizer_of("fides"),
                                  seed=0, resample_failed_starts=0, analytic=["A"])  # fmt: skip

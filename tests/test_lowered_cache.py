@@ -14,7 +14,7 @@ import pytest
 from fit_helpers import SOLVER, decay_study
 
 import diffsoup as ds
-from diffsoup.distributed import _lowered_cache, _start_runs
+from diffsoup.distributed import _analytic_memo, _lowered_cache, _start_runs
 from diffsoup.distributed._lowered_cache import LoweredCache, fingerprint_of, lowered_from
 
 LOWERINGS: list = []
@@ -36,7 +36,7 @@ def fresh_cache(monkeypatch):
     """An empty cache and analytic memo, as in a worker process that has run nothing yet."""
     cache = LoweredCache()
     monkeypatch.setattr(_lowered_cache, "LOWERED", cache)
-    monkeypatch.setattr(_start_runs, "_ANALYTIC", [None, None, None])
+    monkeypatch.setattr(_analytic_memo, "_ANALYTIC", [None, None, None])
     LOWERINGS.clear()
     return cache
 

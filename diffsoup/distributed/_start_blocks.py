@@ -38,6 +38,7 @@ from ..inference.fitting._batched_fit import run_block
 from ..inference.fitting._batched_trust_region import BatchedTrustRegion
 from ..inference.fitting._starts import start_points
 from ..store import Ledger
+from ._analytic_memo import analytic_once
 from ._lowered_cache import fingerprint_of, lowered_from
 
 # What an item of a block holds besides its tags.
@@ -110,8 +111,6 @@ class BlockTask:
                              "(another study file or lowering options on this worker?); run the driver and the "
                              "workers on the same study.")  # fmt: skip
         attempts = int(item["resample_failed_starts"])
-        from ._start_runs import analytic_once  # here: _start_runs imports this module
-
         block = run_block(low, self.optimizer, points, [True] * count, seed=seed, first=first, attempts=attempts,
                           analytic=analytic_once(low, self.analytic))  # fmt: skip
         return {"starts": [start_record(s, first + i, status) for i, (s, status) in enumerate(zip(*block))],

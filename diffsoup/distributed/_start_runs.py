@@ -39,6 +39,7 @@ from ..inference.fitting._hierarchical import AnalyticParameters
 from ..inference.fitting._optimizers import AbstractOptimizer
 from ..inference.fitting._starts import replacement_point, start_points
 from ..store import LedgerConflictError
+from ._analytic_memo import analytic_once, remember_analytic
 from ._campaign import checkpointed_map
 from ._lowered_cache import fingerprint_of, lowered_from
 from ._start_blocks import (
@@ -54,9 +55,6 @@ from ._tasks import CampaignResult
 from ..inference import window_solves
 from ..inference.fitting._batched_fit import batched_result
 
-# The analytic parameters of the lowered study a process's tasks last used, found once per study
-# and choice: [lowered, choice, AnalyticParameters or None].
-_ANALYTIC: list = [None, None, None]
 # What an item of a start holds besides its tags.
 ITEM_KEYS = ("task_id", "index", "x0", "optimizer", "analytic")
 
@@ -64,28 +62,6 @@ ITEM_KEYS = ("task_id", "index", "x0", "optimizer", "analytic")
 def start_task_id(index: int) -> str:
     """The ``task_id`` of start ``index``: ``start-0000``, ``start-0001``, ..."""
     return f"start-{index:04d}"
-
-
-def _choice_key(choice: Any) -> Any:
-    """A hashable form of a ``hierarchical`` choice (None, a boolean or names)."""
-    return tuple(choice) if isinstance(choice, (list, tuple)) else choice
-
-
-def analytic_once(lowered: AbstractLoweredStudy, choice: bool | Sequence[str] | None) -> AnalyticParameters | None:
-    """``AnalyticParameters.find(lowered, choice)`` (None for False or no names), found once per
-    process for the last lowered study and choice: the tasks of a campaign, one start each, share
-    it (a driver running them in its own process hands over what it found: :func:`remember_analytic`)."""
-    key = _choice_key(choice)
-    if _ANALYTIC[0] is not lowered or _ANALYTIC[1] != key:
-        found = AnalyticParameters.find(lowered, choice) if choice is None or choice else None
-        remember_analytic(lowered, choice, found)
-    return _ANALYTIC[2]
-
-
-def remember_analytic(lowered: AbstractLoweredStudy, choice: bool | Sequence[str] | None,
-                      found: AnalyticParameters | None) -> None:  # fmt: skip
-    """Record ``found`` as what :func:`analytic_once` gives for ``(lowered, choice)``."""
-    _ANALYTIC[:] = [lowered, _choice_key(choice), found]
 
 
 class StartTask:
