@@ -220,6 +220,18 @@ def over_points(fn, lockstep: bool):
     return one_by_one
 
 
+def stacked_over_points(orders, per_chunk, experiment_indices) -> np.ndarray:
+    """Host arrays ``(points, lanes, R, ...)`` of the chunks (``orders``: each lane's experiment,
+    -1 for padding) -> ``(points, rows, ...)``, the experiments' rows in ``experiment_indices``
+    order (a later chunk of the same experiment wins), for every point at once: a loop over the
+    points cost 66 us per point on the host, a quarter of a GPU iteration at 4,000 points."""
+    where = {}
+    for c, order in enumerate(orders):
+        for lane in np.flatnonzero(order >= 0):
+            where[int(order[lane])] = (c, int(lane))
+    return np.concatenate([np.asarray(per_chunk[c])[:, lane] for c, lane in (where[i] for i in experiment_indices)], axis=1)
+
+
 def device_sum(values):
     """The sum of per-chunk device arrays, formed on the device (in chunk order)."""
     total = values[0]
