@@ -254,8 +254,9 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
         r, J, solved = evaluate(trial, busy)
         new = step(state, np.asarray(r, np.float64), np.asarray(J, np.float64), np.asarray(solved, bool), lower, upper)
         state = LaneState(*(np.array(a) for a in jax.device_get(new)))
-        if park is None and np.any(busy & (state.status == int(LaneStatus.RUNNING))):
-            park = state.x[np.flatnonzero(busy & (state.status == int(LaneStatus.RUNNING)))[0]].copy()
+        running = np.flatnonzero(busy & (state.status == int(LaneStatus.RUNNING)))
+        if park is None and running.size:
+            park = state.x[running[0]].copy()
         # Only the lanes whose start ended need the host (a loop over every lane cost ~2 us each).
         for lane in np.flatnonzero(busy & (state.status >= int(LaneStatus.GTOL))):
             status = LaneStatus(int(state.status[lane]))

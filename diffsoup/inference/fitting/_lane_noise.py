@@ -31,13 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
+from ._analytic_entries import LOG_SLOPES
 from ._noise_parameters import NoiseParameters
 
-# Optimizer coordinate -> linear value, its inverse, and d log(s) / d theta, per parameter scale
-# (``Parameter.from_scale``, ``to_scale`` and ``LOG_SLOPES``, in JAX).
+# Optimizer coordinate -> linear value and back, per parameter scale: ``Parameter.from_scale`` and
+# ``to_scale`` in JAX (those convert to numpy arrays, which a traced value cannot be).
 FROM_SCALE = {"lin": lambda v: v, "log": jnp.exp, "log10": lambda v: 10.0**v}
 TO_SCALE = {"lin": lambda s: s, "log": jnp.log, "log10": jnp.log10}
-LOG_SLOPE = {"lin": lambda s: 1.0 / s, "log": lambda s: jnp.ones_like(s), "log10": lambda s: jnp.full_like(s, np.log(10.0))}
 INTERIOR_RTOL = 1e-12  # a noise optimum this close to a bound (share of its range) is held there (as NoiseParameters)
 
 
@@ -65,7 +65,7 @@ class LaneNoise:
             return None
         noise = analytic.noise
         k = lowered.problem.n_theta
-        free = np.array([i for i in range(k) if i not in set(noise.indices.tolist())], dtype=np.int64)
+        free = np.setdiff1d(np.arange(k), noise.indices).astype(np.int64)
         return cls(noise, free, np.asarray(lowered.nominal, dtype=np.float64).copy())
 
     def thetas(self, x: np.ndarray) -> np.ndarray:
@@ -98,7 +98,7 @@ class LaneNoise:
             best = jnp.clip(s * jnp.sqrt(jnp.sum(r[data] ** 2) / float(noise.counts[k])), lo, hi)
             interior.append((best - lo > INTERIOR_RTOL * (hi - lo)) & (hi - best > INTERIOR_RTOL * (hi - lo)))
             theta_new = theta_new.at[j].set(TO_SCALE[scale](best))
-            q, slope = s / best, LOG_SLOPE[scale](best)
+            q, slope = s / best, LOG_SLOPES[scale](best)
             r_log = jnp.sqrt(r[logs] ** 2 + 2.0 * jnp.log(best / s))
             J_new = J_new.at[data].multiply(q).at[logs].multiply((r[logs] / r_log)[:, None])
             J_new = J_new.at[data, j].set(-r[data] * q * slope).at[logs, j].set(slope / r_log)
