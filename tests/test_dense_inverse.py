@@ -45,6 +45,12 @@ def test_solve_option_is_checked_and_defaults_to_auto():
 
 
 def test_auto_is_the_lu_on_the_cpu_bit_for_bit():
+    # On the CPU even where a GPU is JAX's default device (the GPU machine runs this file too).
+    with jax.default_device(jax.devices("cpu")[0]):
+        _auto_is_the_lu_on_the_cpu_bit_for_bit()
+
+
+def _auto_is_the_lu_on_the_cpu_bit_for_bit():
     te = np.geomspace(1e-4, 1e11, 9)
     ys = {}
     for name, solver in (("auto", ds.linear.Dense()), ("lu", LU)):

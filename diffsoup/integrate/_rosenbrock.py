@@ -5,8 +5,8 @@ With ``stage_code="loop"`` stages 1..s-1 are one loop body over the tableau's ro
 holds one copy of the right-hand side and of the solve per step function instead of one per stage:
 several times less code for XLA to compile when the right-hand side is most of a step (models of
 tens of reactions: the Boehm model's value-and-gradient program compiles in half the time). The
-stage sums are running sums in the forward loop and products of a tableau row with the stacked
-increments in the reverse sweep (``_looped_stages`` says why); results agree with the unrolled
+stage sums are the stacked increments weighted term by term in the forward loop and products of
+a tableau row with them in the reverse sweep (``_looped_stages`` says why); results agree with the unrolled
 stages to rounding (not bit for bit: the sums' order differs, and XLA:CPU contracts a
 multiply and an add into one FMA where they share a fused kernel, which differs between programs
 anyway). A loop iteration has a fixed cost at run time, which shows for small right-hand sides
@@ -132,20 +132,22 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
 
     def _looped_stages(self, problem, modes, t, y, h, p, dT, f0, fac, t_cap, *, reverse):
         """Stage 0 (which reuses ``f0``), then stages ``1..s-1`` as one loop body over the tableau's
-        rows. Stage ``i`` needs the sums ``sum_j A_ij k_j`` and ``sum_j C_ij k_j`` over the
-        increments so far, kept in one of two ways:
+        rows. The increments are stacked in an ``(s, n)`` array (rows not computed yet are zeros,
+        which the tableau's zeros meet), and stage ``i`` needs the sums ``sum_j A_ij k_j`` and
+        ``sum_j C_ij k_j`` over it, formed in one of two ways:
 
-        * forward loop (``reverse=False``): running sums. After stage ``j`` every sum that uses
-          ``k_j`` (rows of ``A``, of ``C``, then ``b`` and ``b_error``) gets its term, an
-          elementwise update of a ``(2 s + 2, n)`` array, and stage ``i`` reads its sums by index.
-          With a product of a tableau row with the stacked increments, Gauss-Newton evaluations
-          (forward sensitivities) of Bruno, Fujita, Brannmark and Weber took 2.1-2.5x as long:
+        * forward loop (``reverse=False``): a weighted sum of the ``s`` rows, written out term by
+          term, so one fused kernel reads each increment once and no axis is moved. Two other
+          forms measured slower there. A product of a tableau row with the stacked increments:
           under ``jacfwd`` the stage axis of the increments' tangents is not their minor one, and
-          XLA:CPU transposed the whole array twice per stage to feed the dot.
-        * reverse sweep (``reverse=True``): the increments stacked in an ``(s, n)`` array, each
-          stage's sums one product of a tableau row with it (the rows' zeros meet increments not
-          computed yet, which are zeros). Its reverse pass keeps half the carry of the running
-          sums', and measured faster there (Weber's adjoint gradient 78 ms against 102 ms).
+          XLA:CPU transposed the whole array twice per stage to feed the dot (Gauss-Newton
+          evaluations of Bruno, Fujita, Brannmark and Weber 2.1-2.5x as long). Running sums (every
+          sum that uses ``k_j`` updated after stage ``j``, an ``(2 s + 2, n)`` array): each stage
+          rewrote all 18 rows of every tangent, which on the H200 was the largest kernel of a
+          forward-sensitivity step (10,000 lanes, 25 tangents: 0.4 ms per stage, 7 per step).
+        * reverse sweep (``reverse=True``): each stage's sums one product of a tableau row with the
+          stacked increments. Its reverse pass keeps half the carry of running sums', and
+          measured faster there (Weber's adjoint gradient 78 ms against 102 ms).
         """
         tab = self.tableau
         prepared = problem.prepared
@@ -154,28 +156,29 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         dtype = y.dtype
         c, d = jnp.asarray(tab.c, dtype), jnp.asarray(tab.d, dtype)
         inv_h = 1.0 / h
-        if reverse:
-            rows = jnp.asarray(np.concatenate([tab.A, tab.C]), dtype)
+        rows = np.concatenate([tab.A, tab.C])  # row i: stage i's A sum; row s + i: its C sum
+        table = jnp.asarray(rows, dtype)
 
-            def record(store, j, k):  # store: the increments (s, n)
-                return store.at[j].set(k)
+        def record(store, j, k):  # store: the increments (s, n)
+            return store.at[j].set(k)
+
+        if reverse:
 
             def stage_sums(store, i):
                 exact = jax.lax.Precision.HIGHEST  # no reduced-precision products (TF32 on GPUs)
-                return jnp.matmul(rows[i], store, precision=exact), jnp.matmul(rows[s + i], store, precision=exact)
+                return jnp.matmul(table[i], store, precision=exact), jnp.matmul(table[s + i], store, precision=exact)
 
-            store = jnp.zeros((s,) + y.shape, dtype)
         else:
-            # Row r of `weights` weighs k_j into running sum r: A's rows, then C's, then b, b_error.
-            weights = jnp.asarray(np.concatenate([tab.A, tab.C, [tab.b], [tab.b_error]]), dtype)
-
-            def record(store, j, k):  # store: the running sums (2 s + 2, n)
-                return store + weights[:, j].reshape((-1,) + (1,) * k.ndim) * k[None]
+            # Only the increments some stage's sums use: stage i reads k_0 .. k_{i-1}.
+            used = [j for j in range(s) if np.any(rows[:, j] != 0.0)]
 
             def stage_sums(store, i):
-                return store[i], store[s + i]
+                a_weights, c_weights = table[i], table[s + i]
+                a_sum = sum(a_weights[j] * store[j] for j in used)
+                c_sum = sum(c_weights[j] * store[j] for j in used)
+                return a_sum, c_sum
 
-            store = jnp.zeros((2 * s + 2,) + y.shape, dtype)
+        store = jnp.zeros((s,) + y.shape, dtype)
 
         rhs0 = f0
         if tab.d[0] != 0.0:
@@ -202,9 +205,7 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
         store, u, k_last, fac, info = jax.lax.fori_loop(1, s, stage, (store, y, k0, fac, info))
         if chain < s:
             return u + k_last, k_last, fac, info
-        if reverse:
-            return self._weighted_sums(y, [store[j] for j in range(s)]) + (fac, info)
-        return y + store[2 * s], store[2 * s + 1], fac, info
+        return self._weighted_sums(y, [store[j] for j in range(s)]) + (fac, info)
 
     def _weighted_sums(self, y, ks):
         """``(y + sum_j b_j k_j, sum_j b_error_j k_j)`` (unchained tableaus), in order of ``j``."""
