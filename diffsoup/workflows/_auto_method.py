@@ -2,7 +2,7 @@
 batched optimizer where it was measured faster, else fides.
 
 Measured (docs/benchmarks.md, ``benchmarks/bench_fits.py``): on one H200 the batched path fits
-Bruno at 7.6 converged starts per second (512 starts as lanes), against about 2 per second for
+Bruno at 15.1 converged starts per second (1,000 starts as lanes; 7.6 with 512), against about 2 per second for
 fides start by start on a CPU core; on the 2-core CPU neither wins clearly per converged start (from
 the same 200 starts: Boehm 5.39 against fides' 6.24 CPU s, Bruno 0.419 against 0.404), since the
 lanes' evaluations run one after the other there. So ``auto`` takes ``batched`` when the default JAX backend is a GPU and there are
@@ -49,7 +49,7 @@ def choose_method(starts: int, backend: str) -> tuple[str, str]:
         return "fides", (f"{starts} starts on the GPU are fewer than {AUTO_MIN_STARTS}, too few to fill the batched "
                          f"program's lanes (give --starts {AUTO_MIN_STARTS} or more, or --method batched)")  # fmt: skip
     return "batched", (f"the default JAX backend is a GPU and {starts} starts >= {AUTO_MIN_STARTS}: measured faster "
-                       "there (H200, Bruno: 7.6 converged starts per second against fides' about 2)")  # fmt: skip
+                       "there (H200, Bruno: 15.1 converged starts per second against fides' about 2)")  # fmt: skip
 
 
 def file_method(sf: Any) -> str | None:
