@@ -136,14 +136,15 @@ def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
 
 def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | None = None,
                    hessians=(DEFAULT_HESSIAN,), reused: dict | None = None, lanes: int | None = None,
-                   polish: int | None = None) -> dict:  # fmt: skip
+                   polish: int | None = None, progress: bool = False) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
     once per Hessian in ``hessians``; with ``hierarchical="all"``, each also with
     ``fit(hierarchical=True)`` (labelled "M hierarchical"), with ``"noise"`` with the noise levels
     that qualify named (labelled "M noise levels analytic"; not run where none does). Rows in
     ``reused`` (label -> an earlier run's row, :func:`earlier_diffsoup`) are taken, not run. ``lanes``:
     the batched method's starts per program and ``polish`` its optima finished by fides (None:
-    ``BatchedTrustRegion``'s defaults)."""
+    ``BatchedTrustRegion``'s defaults); ``progress``: the fits' progress bars (on stderr), so that a
+    run cut short still shows how far its fits came."""
     import diffsoup as ds
 
     t, c = time.perf_counter(), time.process_time()
@@ -183,7 +184,7 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
         compile_s, compile_cpu_s = time.perf_counter() - t, time.process_time() - c
         t, c = time.perf_counter(), time.process_time()
         chosen = ds.inference.BatchedTrustRegion(**batched) if method == "batched" else method
-        result = ds.inference.fit(lowered, method=chosen, starts=points, progress=False, hierarchical=analytic)
+        result = ds.inference.fit(lowered, method=chosen, starts=points, progress=progress, hierarchical=analytic)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         out["methods"][label] = {
             "compile_s": compile_s, "compile_cpu_s": compile_cpu_s, "seconds": wall, "cpu_seconds": cpu,
@@ -390,6 +391,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
+    parser.add_argument("--progress", action="store_true", help="diffsoup's fits show progress bars (stderr)")
     parser.add_argument("--hierarchical", nargs="?", const="all", choices=("all", "noise", "none"),
                         help="also run each method with fit(hierarchical=True) (all: scalings, offsets and noise levels "
                         "optimized analytically), with the noise levels named (noise) or with hierarchical=False (none)")  # fmt: skip
@@ -430,7 +432,7 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         reused = earlier_diffsoup(args.reuse_diffsoup, earlier_ours, name, points) if args.reuse_diffsoup else {}
-        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish)
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish, args.progress)
         p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)
