@@ -138,13 +138,14 @@ class AbstractRosenbrock(AbstractReversibleIntegrator):
 
         * forward loop (``reverse=False``): a weighted sum of the ``s`` rows, written out term by
           term, so one fused kernel reads each increment once and no axis is moved. Two other
-          forms measured slower there. A product of a tableau row with the stacked increments:
-          under ``jacfwd`` the stage axis of the increments' tangents is not their minor one, and
+          forms cost more. A product of a tableau row with the stacked increments: under
+          ``jacfwd`` the stage axis of the increments' tangents is not their minor one, and
           XLA:CPU transposed the whole array twice per stage to feed the dot (Gauss-Newton
           evaluations of Bruno, Fujita, Brannmark and Weber 2.1-2.5x as long). Running sums (every
           sum that uses ``k_j`` updated after stage ``j``, an ``(2 s + 2, n)`` array): each stage
-          rewrote all 18 rows of every tangent, which on the H200 was the largest kernel of a
-          forward-sensitivity step (10,000 lanes, 25 tangents: 0.4 ms per stage, 7 per step).
+          rewrote all ``2 s + 2`` rows of every tangent, the largest kernel of a
+          forward-sensitivity step on the H200 (10,000 lanes, 25 tangents: 0.4 ms per stage), and
+          on the 2-core CPU the network study's Jacobian (128 lanes) took 10-25 % longer.
         * reverse sweep (``reverse=True``): each stage's sums one product of a tableau row with the
           stacked increments. Its reverse pass keeps half the carry of running sums', and
           measured faster there (Weber's adjoint gradient 78 ms against 102 ms).
