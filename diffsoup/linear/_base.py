@@ -132,7 +132,8 @@ LinearSolver = AbstractLinearSolver  # the public name (ds.linear.LinearSolver)
 # Off the CPU, a pattern whose (entries x rows) is at most this sums a product's terms into rows by
 # a product with a 0/1 matrix rather than segment_sum's scatter-add: on the H200 the scatter-add of
 # the tangent solves' W x products (10,000 lanes, 25 tangents, 56 entries) took 0.2 ms per stage, 12 %
-# of a forward-sensitivity evaluation; the 0/1 matrix of such patterns is a few kilobytes.
+# of a forward-sensitivity evaluation (the product's time there is not measured yet); the 0/1
+# matrix of such patterns is a few kilobytes.
 INCIDENCE_MAX_ENTRIES = 1 << 16
 
 
