@@ -220,16 +220,18 @@ def over_points(fn, lockstep: bool):
     return one_by_one
 
 
-def stacked_over_points(orders, per_chunk, experiment_indices) -> np.ndarray:
+def stacked_over_points(orders, experiment_indices, *per_chunk) -> tuple[np.ndarray, ...]:
     """Host arrays ``(points, lanes, R, ...)`` of the chunks (``orders``: each lane's experiment,
     -1 for padding) -> ``(points, rows, ...)``, the experiments' rows in ``experiment_indices``
-    order (a later chunk of the same experiment wins), for every point at once: a loop over the
-    points cost 66 us per point on the host, a quarter of a GPU iteration at 4,000 points."""
+    order (a later chunk of the same experiment wins), for every point at once, one result per
+    array of ``per_chunk`` (the lanes found once for all): a loop over the points cost 66 us per
+    point on the host, a quarter of a GPU iteration at 4,000 points."""
     where = {}
     for c, order in enumerate(orders):
         for lane in np.flatnonzero(order >= 0):
             where[int(order[lane])] = (c, int(lane))
-    return np.concatenate([np.asarray(per_chunk[c])[:, lane] for c, lane in (where[i] for i in experiment_indices)], axis=1)
+    at = [where[i] for i in experiment_indices]
+    return tuple(np.concatenate([np.asarray(chunks[c])[:, lane] for c, lane in at], axis=1) for chunks in per_chunk)
 
 
 def device_sum(values):

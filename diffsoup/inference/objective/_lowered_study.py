@@ -573,8 +573,8 @@ class LoweredStudy(AbstractLoweredStudy):
                 outs.append(self._compiled[key](thetas, active, data, self._operands(device)))
                 orders.append(order)
         r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
-        residuals = stacked_over_points(orders, r, self.experiment_indices).astype(np.float64)
-        jacobians = stacked_over_points(orders, J, self.experiment_indices)
+        residuals, jacobians = stacked_over_points(orders, self.experiment_indices, r, J)
+        residuals = residuals.astype(np.float64)
         failed = np.any([np.any((np.asarray(s) != 0) & (o >= 0)[None, :], axis=1) for o, s in zip(orders, st)], axis=0)
         failures = tuple(self._bookkeeping(orders, [x[p] for x in st], [x[p] for x in ns])["failures"] if failed[p] else {}
                          for p in range(thetas.shape[0]))  # fmt: skip
