@@ -238,6 +238,29 @@ def test_fit_batched_with_polish_reaches_what_fides_finds(decay):
     assert "polished by fides" in batched.starts[batched.best].message
 
 
+def test_polishes_in_threads_equal_them_one_after_the_other_and_compile_each_program_once(caplog):
+    """The batched fit's polishes run at once, one thread each (``polish_points``): each ends where
+    it ends alone, and a program both threads ask for at once is compiled once (``compile_lock``)."""
+    import logging
+
+    from diffsoup.inference.fitting._batched_fit import polish_points
+    from diffsoup.inference.objective._chunk_programs import clear_program_cache
+
+    clear_program_cache()
+    low = ds.lower(decay_study(11), solver=SOLVER)  # a fresh study: nothing compiled yet
+    points = list(start_points(low, 3, 2))
+    with caplog.at_level(logging.INFO, logger="diffsoup.compile"):
+        together = polish_points(low, ds.inference.Fides(), points, threads=3)
+    compiled = [r.diffsoup_compile[1] for r in caplog.records if getattr(r, "diffsoup_compile", ("",))[0] == "start"]
+    assert compiled and len(compiled) == len(set(compiled)), compiled
+    alone = polish_points(low, ds.inference.Fides(), points, threads=1)
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_array_equal(a.x, b.x)
+        assert a.objective == b.objective and a.n_evaluations == b.n_evaluations and a.message == b.message
+    best, _, nll = reference_fit(11)
+    assert min(a.objective for a in together) == pytest.approx(nll, abs=1e-8)
+
+
 def test_one_start_through_fits_per_start_path_equals_its_lane(decay):
     """``BatchedTrustRegion.minimize`` (``run_start``: profiles, campaigns) runs one start in one
     lane on the study's own evaluation; it ends where the batched fit's lane does."""

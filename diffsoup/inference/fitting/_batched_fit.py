@@ -18,7 +18,8 @@ distinct end points finished by fides.
    (``SAME_POINT`` in theta's units where a bound is infinite).
 3. **Polish.** The best end point of each of the ``polish`` best optima of distinct objectives (an
    optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped:
-   on Bruno three of 354.8693 were polished before) is finished by
+   on Bruno three of 354.8693 were polished before) is finished, all of them at the same time (one
+   thread each: a polish's single-point programs leave the rest of the machine idle), by
    ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
    path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
    result becomes the polished one (its evaluations, iterations and time added, its message
@@ -39,6 +40,7 @@ that ended there), best first.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -54,6 +56,8 @@ from ._results import CONVERGED, FitResult, StartResult
 from ._run_start import run_start
 from ._starts import replacement_point
 
+# Most polishes run at once (:func:`polish_points`): each takes about one CPU core.
+POLISH_THREADS = 8
 SAME_POINT = 1e-2  # ends closer than this share of each coordinate's range (and within CONVERGED) are one optimum
 
 
@@ -191,11 +195,12 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
 
 
 def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,
-                analytic: Any = None) -> tuple[list[StartResult], tuple[Optimum, ...]]:  # fmt: skip
+                analytic: Any = None, progress: bool = False) -> tuple[list[StartResult], tuple[Optimum, ...]]:  # fmt: skip
     """Steps 2 and 3 of the module's docstring: the batched end states clustered into distinct
     optima, the best end of each of the ``optimizer.polish`` best ones (of distinct objectives)
     finished by ``optimizer.polish_method`` (fides by default, with ``analytic``), and the final
-    end states clustered again.
+    end states clustered again. The polishes run at the same time, one thread each
+    (:func:`polish_points`); ``progress``: a progress bar over them.
 
     Returns:
         ``(starts, optima)``: every start's end state (the polished ones replaced, in the order
@@ -205,40 +210,78 @@ def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts
     ends = np.stack([s.x for s in starts])
     groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
     polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
-    polished, levels = set(), []
+    heads, levels = [], []  # heads: the starts to polish, the best of each optimum chosen
     for group in groups:
-        head = starts[group[0]]
-        if len(polished) == optimizer.polish:
+        if len(heads) == optimizer.polish:
             break
-        if any(abs(head.objective - level) <= CONVERGED for level in levels):
+        objective = starts[group[0]].objective
+        if any(abs(objective - level) <= CONVERGED for level in levels):
             continue  # the same objective at another point (a flat valley): polished once
-        levels.append(head.objective)
-        end = run_start(low, polisher, head.x, analytic=analytic)
+        levels.append(objective)
+        heads.append(group[0])
+    polished = polish_points(low, polisher, [starts[i].x for i in heads], analytic=analytic, progress=progress)
+    for i, end in zip(heads, polished):
+        head = starts[i]
         better = bool(np.isfinite(end.objective) and end.objective <= head.objective)
-        starts[group[0]] = dataclasses.replace(
+        starts[i] = dataclasses.replace(
             head, x=end.x if better else head.x, objective=end.objective if better else head.objective,
             success=end.success if better else head.success,
             message=f"{head.message}; polished by {polisher.name}: {end.message}",
             n_evaluations=head.n_evaluations + end.n_evaluations, n_iterations=head.n_iterations + end.n_iterations,
             seconds=head.seconds + end.seconds, failures=end.failures)  # fmt: skip
-        polished.add(group[0])
     # The distinct optima of the final end states (polished ends may have met).
     final = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), low.lower, low.upper)
-    optima = tuple(Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in polished)
+    optima = tuple(Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in heads)
                    for g in final)  # fmt: skip
     return starts, optima
 
 
+def polish_points(low: AbstractLoweredStudy, polisher: Any, points: Sequence[np.ndarray], *, analytic: Any = None,
+                  progress: bool = False, threads: int = POLISH_THREADS) -> list[StartResult]:  # fmt: skip
+    """``run_start(low, polisher, x)`` from each of ``points``, at most ``threads`` at a time.
+
+    A polish is one start after another of single-point evaluations, each a short program that
+    leaves most of the machine idle (one CPU core; on a GPU machine the host's CPU, see
+    ``ds.lower(device="auto")``), so the polishes run in threads: the compiled programs release
+    the interpreter lock while they run. Each polish's numbers are its own (its own
+    ``StartObjective``, the same compiled programs), so the results equal one after the other's.
+
+    Returns:
+        One :class:`StartResult` per point, in their order.
+    """
+    if not points:
+        return []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(points), desc=f"polish ({getattr(polisher, 'name', 'optimizer')})", unit="optimum",
+                   dynamic_ncols=True)  # fmt: skip
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(int(threads), len(points))),
+                                                   thread_name_prefix="diffsoup-polish") as pool:  # fmt: skip
+            futures = [pool.submit(run_start, low, polisher, x, analytic=analytic) for x in points]
+            for done in concurrent.futures.as_completed(futures):
+                if bar is not None:
+                    bar.update(1)
+                    end = done.result()
+                    bar.set_postfix(objective=f"{end.objective:.6g}", refresh=True)
+            return [f.result() for f in futures]
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def batched_result(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,
-                   seconds: float, analytic: Any = None) -> FitResult:  # fmt: skip
-    """The :class:`FitResult` of batched end states: :func:`polish_ends`, then the best start's
-    result with ``optima``.
+                   seconds: float, analytic: Any = None, progress: bool = False) -> FitResult:  # fmt: skip
+    """The :class:`FitResult` of batched end states: :func:`polish_ends` (``progress``: its bar),
+    then the best start's result with ``optima``.
 
     Raises:
         RuntimeError: if every start failed.
     """
     t0 = time.perf_counter()
-    starts, optima = polish_ends(low, optimizer, starts, analytic=analytic)
+    starts, optima = polish_ends(low, optimizer, starts, analytic=analytic, progress=progress)
     in_lanes = LaneNoise.of(low, analytic) is not None
     result = FitResult.from_starts(low, starts, method=optimizer.name, seconds=seconds + time.perf_counter() - t0,
                                    analytic=analytic.names if analytic is not None and (optimizer.polish or in_lanes)
@@ -268,4 +311,5 @@ def batched_fit(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points
     began = time.perf_counter()
     starts = run_block(low, optimizer, points, replaceable, seed=seed, first_drawn=first_drawn, attempts=attempts,
                        progress=progress, analytic=analytic).starts  # fmt: skip
-    return batched_result(low, optimizer, starts, seconds=time.perf_counter() - began, analytic=analytic)
+    return batched_result(low, optimizer, starts, seconds=time.perf_counter() - began, analytic=analytic,
+                          progress=progress)

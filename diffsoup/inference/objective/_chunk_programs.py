@@ -74,10 +74,22 @@ def remember_program(key: ProgramKey, program) -> None:
             _PROGRAMS.popitem(last=False)
 
 
+# One lock per key being compiled: threads that ask for the same program at once (the batched fit's
+# concurrent polishes, a Dask worker's tasks) compile it once; different programs compile in parallel.
+_COMPILING: dict = {}
+
+
+def compile_lock(key: ProgramKey) -> threading.Lock:
+    """The lock held while the program of ``key`` is looked up and, if missing, compiled."""
+    with _PROGRAMS_LOCK:
+        return _COMPILING.setdefault(key, threading.Lock())
+
+
 def clear_program_cache() -> None:
     """Forget the process's compiled chunk programs (live lowered studies keep theirs)."""
     with _PROGRAMS_LOCK:
         _PROGRAMS.clear()
+        _COMPILING.clear()
 
 
 def platform_signature() -> tuple:

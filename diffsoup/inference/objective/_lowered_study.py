@@ -27,6 +27,7 @@ from ._chunk_programs import (
     ProgramKey,
     cached_program,
     chunk_function,
+    compile_lock,
     device_sum,
     gauss_newton_sums,
     over_points,
@@ -299,32 +300,33 @@ class LoweredStudy(AbstractLoweredStudy):
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
         key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, lane_mode, self.mesh,
                          platform_signature(), device)  # fmt: skip
-        hit = self._compiled.get(key) or cached_program(key)
-        if hit is None:
-            group = self.groups[gi]
-            example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
-            ops = self.problem.operands()
-            lane_sh, rep = program_devices.program_shardings(device, self.mesh)
-            arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
-            theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
-            ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
-            label = {"value_and_grad": "value_and_grad (adjoint)",
-                     "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
-            one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
-            one_by_one += f", on {device}" if device is not None else ""
-            what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
-                   f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
-            started = time.perf_counter()
-            # A listener (the command's progress lines) hears when a compilation starts and ends.
-            _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
-            compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
-            elapsed = time.perf_counter() - started
-            _compile_log.info("compiled the %s in %.1f s", what, elapsed,
-                              extra={"diffsoup_compile": ("end", what, elapsed)})  # fmt: skip
-            stats = compiled.memory_analysis()
-            scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
-            hit = (compiled, scratch)
-            remember_program(key, hit)
+        with compile_lock(key):  # a program asked for by several threads at once is compiled once
+            hit = self._compiled.get(key) or cached_program(key)
+            if hit is None:
+                group = self.groups[gi]
+                example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
+                ops = self.problem.operands()
+                lane_sh, rep = program_devices.program_shardings(device, self.mesh)
+                arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
+                theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
+                ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
+                label = {"value_and_grad": "value_and_grad (adjoint)",
+                         "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
+                one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
+                one_by_one += f", on {device}" if device is not None else ""
+                what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
+                       f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
+                started = time.perf_counter()
+                # A listener (the command's progress lines) hears when a compilation starts and ends.
+                _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
+                compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
+                elapsed = time.perf_counter() - started
+                _compile_log.info("compiled the %s in %.1f s", what, elapsed,
+                                  extra={"diffsoup_compile": ("end", what, elapsed)})  # fmt: skip
+                stats = compiled.memory_analysis()
+                scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+                hit = (compiled, scratch)
+                remember_program(key, hit)
         self._compiled[key] = hit
         return Program(mode, kind, lanes, hit[0], hit[1], lane_mode)
 
