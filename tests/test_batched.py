@@ -4,6 +4,8 @@ method, run start by start), every lane equal to the same start alone in one lan
 the lanes busy, a failing lane flagged without disturbing its neighbours, and an ODE fit that
 reaches the optimum fides finds."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,6 +214,44 @@ def test_study_evaluates_points_as_lanes_as_it_does_one_by_one(decay):
     assert np.all(np.isnan(r2[1]))
     np.testing.assert_array_equal(r2[[0, 2]], r[[0, 2]])
     np.testing.assert_array_equal(J2[[0, 2]], J[[0, 2]])
+
+
+def test_a_step_budget_per_call_fails_the_points_that_need_more_and_compiles_nothing(decay):
+    """``residuals_and_jacobians(max_steps=...)``: a point whose solve needs more steps than the
+    budget fails with MAX_STEPS, the others are the same numbers, and no program is compiled."""
+    thetas = np.array([[0.1, -1.5], [0.2, 0.5], [0.0, -1.4]])  # log10 k = -1.5, 0.5, -1.4
+    steps = []
+    for theta in thetas:
+        decay.residuals_and_jacobian(theta)
+        steps.append(int(decay.steps[0]))
+    assert max(steps[0], steps[2]) < steps[1], steps  # the fast decay takes the most steps
+    r, J, _ = decay.residuals_and_jacobians(thetas)
+    programs = len(decay._compiled)
+    budget = (max(steps[0], steps[2]) + steps[1]) // 2
+    r2, J2, failures = decay.residuals_and_jacobians(thetas, max_steps=budget)
+    assert len(decay._compiled) == programs
+    assert failures == ({}, {"decay": ds.Status.MAX_STEPS}, {})
+    np.testing.assert_array_equal(r2[[0, 2]], r[[0, 2]])
+    np.testing.assert_array_equal(J2[[0, 2]], J[[0, 2]])
+    assert np.all(np.isnan(r2[1]))
+    with pytest.raises(ValueError, match="max_steps=0 must be a positive integer"):
+        decay.residuals_and_jacobians(thetas, max_steps=0)
+
+
+def test_the_lanes_step_budget_is_ten_times_the_nominal_points_within_the_floor_and_the_study(decay):
+    from diffsoup.inference.fitting._batched_fit import lane_step_budget
+    from diffsoup.inference.fitting._batched_trust_region import EXPLORE_STEPS_FACTOR, EXPLORE_STEPS_FLOOR
+
+    assert lane_step_budget(decay, BatchedTrustRegion(max_steps=77)) == 77
+    decay.value(decay.nominal)
+    nominal = int(decay.steps[0])
+    expected = max(EXPLORE_STEPS_FLOOR, EXPLORE_STEPS_FACTOR * nominal)
+    assert expected < SOLVER.max_steps
+    assert lane_step_budget(decay, BatchedTrustRegion()) == expected
+    tight = ds.lower(decay_study(11), solver=dataclasses.replace(SOLVER, max_steps=expected))
+    assert lane_step_budget(tight, BatchedTrustRegion()) is None  # the study's own budget is no larger
+    with pytest.raises(ValueError, match="max_steps=0 must be a positive integer"):
+        BatchedTrustRegion(max_steps=0)
 
 
 def test_ode_fit_lanes_equal_one_lane_runs_and_reach_the_optimum(decay):

@@ -46,11 +46,11 @@ class DyingDecayLowering(DecayLowering):
         low = super().__call__()
         evaluate = low.residuals_and_jacobians
 
-        def dying(thetas, active=None):
+        def dying(thetas, active=None, **options):
             try:
                 os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
-                return evaluate(thetas, active)
+                return evaluate(thetas, active, **options)
             os._exit(1)  # a worker process killed in the middle of its block
 
         low.residuals_and_jacobians = dying

@@ -49,7 +49,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
-from ._batched_trust_region import BatchedTrustRegion, run_lanes
+from ..objective._lowered_study import LoweredStudy
+from ._batched_trust_region import EXPLORE_STEPS_FACTOR, EXPLORE_STEPS_FLOOR, BatchedTrustRegion, run_lanes
 from ._fides import Fides
 from ._lane_noise import LaneNoise
 from ._results import CONVERGED, FitResult, StartResult
@@ -147,12 +148,13 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
         :class:`~diffsoup.inference.LaneStatus` name that ended each.
     """
     scale, offset = float(low.scale), float(low.offset)
+    max_steps = lane_step_budget(low, optimizer)
     noise = LaneNoise.of(low, analytic)
     moves = np.arange(low.problem.n_theta) if noise is None else noise.free  # the coordinates the lanes move
 
     def evaluate(x, active):
         thetas = x if noise is None else noise.thetas(x)
-        r, J, failures = low.residuals_and_jacobians(thetas, active)
+        r, J, failures = low.residuals_and_jacobians(thetas, active, max_steps=max_steps)
         if noise is not None:
             _, r, J = noise.moved(thetas, r, J)
         return r, J, np.array([not f for f in failures])
@@ -192,6 +194,25 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
                           + notes[i], e.evaluations, e.accepted, e.seconds, (), e.resampled)
               for i, e in enumerate(run.results)]  # fmt: skip
     return Block(starts, tuple(e.status.name for e in run.results))
+
+
+def lane_step_budget(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion) -> int | None:
+    """The lanes' step budget per experiment solve (``BatchedTrustRegion.max_steps``; None: the
+    study's own): the one given, else :data:`EXPLORE_STEPS_FACTOR` times the most steps of an
+    experiment at the nominal point (one evaluation of the value there), within
+    ``[EXPLORE_STEPS_FLOOR, SolverOptions.max_steps]``. None where the nominal point does not solve,
+    or the study is not a ``LoweredStudy`` (its points are not lanes of one program)."""
+    if optimizer.max_steps is not None:
+        return int(optimizer.max_steps)
+    if not isinstance(low, LoweredStudy):
+        return None
+    study_budget = int(low.problem.solver.max_steps)
+    low.value(np.asarray(low.nominal, dtype=np.float64))
+    steps = low.steps[list(low.experiment_indices)]
+    if low.last_failures or steps.size == 0 or np.any(steps < 0):
+        return None
+    budget = max(EXPLORE_STEPS_FLOOR, EXPLORE_STEPS_FACTOR * int(steps.max()))
+    return budget if budget < study_budget else None
 
 
 def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,

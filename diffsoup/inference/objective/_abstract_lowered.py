@@ -203,14 +203,26 @@ class AbstractLoweredStudy(abc.ABC):
         part = self.evaluate("jacobian", theta)
         return self._stacked(part.residuals), self._stacked(part.jacobian)
 
-    def residuals_and_jacobians(self, thetas, active=None) -> tuple[np.ndarray, np.ndarray, tuple]:
+    def residuals_and_jacobians(self, thetas, active=None, *, max_steps: int | None = None,
+                                ) -> tuple[np.ndarray, np.ndarray, tuple]:  # fmt: skip
         """Residuals ``(s, n_residuals)`` and Jacobians ``(s, n_residuals, n_theta)`` at ``s`` points
         ``thetas`` ``(s, n_theta)`` at once, and each point's failed solves (experiment id ->
         ``ds.Status``; a point with any has NaN residuals). ``active`` (``(s,)`` bool, default all)
         marks the points wanted: the others may be skipped (NaN residuals) or evaluated.
+        ``max_steps``: the solves' step budget for these points instead of the study's
+        ``SolverOptions.max_steps`` (a solve that needs more fails with ``MAX_STEPS``).
         This one evaluates the wanted points one by one; ``LoweredStudy`` runs them as lanes of
         one program (``BatchedTrustRegion``'s evaluation). ``last_failures`` and ``steps`` are
-        those of the last point evaluated."""
+        those of the last point evaluated.
+
+        Raises:
+            ValueError: for ``max_steps`` here (only ``LoweredStudy`` takes another step budget
+                per call).
+        """
+        if max_steps is not None:
+            raise ValueError(f"residuals_and_jacobians: max_steps={max_steps!r} needs the points as lanes of one "
+                             f"program (a LoweredStudy from ds.lower), not a {type(self).__name__}; leave it None "
+                             "to use the study's SolverOptions.max_steps.")  # fmt: skip
         thetas = np.atleast_2d(np.asarray(thetas, dtype=np.float64))
         active = np.ones(len(thetas), dtype=bool) if active is None else np.asarray(active, dtype=bool)
         rs, Js, failures = [], [], []

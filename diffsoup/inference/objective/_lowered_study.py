@@ -542,7 +542,8 @@ class LoweredStudy(AbstractLoweredStudy):
         H, st, ns = jax.device_get((H, statuses, steps))
         return HessianPart(hessian=np.asarray(H), **self._bookkeeping(all_orders, st, ns))
 
-    def residuals_and_jacobians(self, thetas, active=None) -> tuple[np.ndarray, np.ndarray, tuple]:
+    def residuals_and_jacobians(self, thetas, active=None, *, max_steps: int | None = None,
+                                ) -> tuple[np.ndarray, np.ndarray, tuple]:  # fmt: skip
         """Residuals and Jacobians at ``s`` points at once (``AbstractLoweredStudy``'s contract):
         each chunk's Jacobian program run over the points within one program (compiled once per
         number of points), one transfer for all of them. The points are lanes as the experiments
@@ -550,8 +551,18 @@ class LoweredStudy(AbstractLoweredStudy):
         (``lax.map``, each point's experiments too) on a CPU under ``"auto"`` and with ``"map"``,
         where lock-step makes every point take as many steps as the stiffest one (Boehm, 8 points
         of 21 to 251 steps: 37 ms of CPU in lock-step, 29 ms one after the other), and where a
-        point that ``active`` marks False is skipped (NaN residuals)."""
+        point that ``active`` marks False is skipped (NaN residuals). ``max_steps`` (None: the
+        study's ``SolverOptions.max_steps``) is an operand of the program: another budget
+        compiles nothing.
+
+        Raises:
+            ValueError: for a bad shape of ``thetas``, a data mesh, or a ``max_steps`` that is not a
+                positive integer.
+        """
         thetas = np.atleast_2d(np.asarray(thetas, dtype=np.float64))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer))
+                                      or max_steps < 1):  # fmt: skip
+            raise ValueError(f"residuals_and_jacobians: max_steps={max_steps!r} must be a positive integer (or None).")
         if thetas.ndim != 2 or thetas.shape[1] != self.problem.n_theta:
             raise ValueError(f"residuals_and_jacobians: thetas has shape {thetas.shape}; expected (s, {self.problem.n_theta}).")
         if self.mesh is not None:
@@ -571,8 +582,11 @@ class LoweredStudy(AbstractLoweredStudy):
                                                   platform_signature(), device))  # fmt: skip
             if key not in self._compiled:  # jit compiles it once per number of points
                 self._compiled[key] = jax.jit(over_points(chunk_function(key[2]), lockstep))
+            operands = self._operands(device)
+            if max_steps is not None:
+                operands = operands._replace(max_steps=np.int32(max_steps))
             for order, data in self._chunk_data(gi, prog.lanes, device):
-                outs.append(self._compiled[key](thetas, active, data, self._operands(device)))
+                outs.append(self._compiled[key](thetas, active, data, operands))
                 orders.append(order)
         r, J, st, ns = jax.device_get(tuple([o[i] for o in outs] for i in range(4)))
         residuals, jacobians = stacked_over_points(orders, self.experiment_indices, r, J)
