@@ -136,7 +136,8 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
         first_drawn: index among ``points`` of the first drawn start (1 after an ``x0``), so that
             start ``first + i - first_drawn`` of the stream gets the replacements of its own index.
         attempts: most replacements of a drawn start point.
-        progress: a progress bar (tqdm) over the iterations: starts ended, best objective.
+        progress: a progress bar (tqdm) over the iterations: starts ended, best objective,
+            iterations and seconds per iteration.
         analytic: ``fit``'s analytic parameters: noise levels alone are optimized in closed form
             in the lanes (:class:`~diffsoup.inference.fitting._lane_noise.LaneNoise`), which then
             move the other coordinates; otherwise (none, or offsets and scaling factors too) the
@@ -165,10 +166,15 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
 
         bar = tqdm(total=len(points), desc="fit (batched)", unit="start", dynamic_ncols=True)
 
+    iterations, began = 0, time.perf_counter()
+
     def on_iteration(ended: int, total: int, best_cost: float) -> None:
-        if bar is not None:
+        nonlocal iterations
+        iterations += 1
+        if bar is not None:  # iterations and their pace: where a lock-step program's time goes
             bar.update(ended - bar.n)
-            bar.set_postfix(best=f"{2.0 * scale * best_cost + offset:.6g}", refresh=True)
+            bar.set_postfix(best=f"{2.0 * scale * best_cost + offset:.6g}", iterations=iterations,
+                            s_per_iteration=f"{(time.perf_counter() - began) / iterations:.3g}", refresh=True)  # fmt: skip
 
     try:
         run = run_lanes(optimizer, evaluate, np.asarray(points, dtype=np.float64)[:, moves], low.lower[moves],
