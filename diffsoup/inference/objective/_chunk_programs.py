@@ -10,7 +10,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
+import math
 import threading
+import time
 from typing import Any
 
 import jax
@@ -19,6 +22,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ._problem import LaneTerms
+from ._terms import member_array
+
+# Compilation start/end records (``extra["diffsoup_compile"] = (event, what, seconds)``).
+_compile_log = logging.getLogger("diffsoup.compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +97,30 @@ def clear_program_cache() -> None:
     with _PROGRAMS_LOCK:
         _PROGRAMS.clear()
         _COMPILING.clear()
+
+
+def compile_program(key: ProgramKey, specs: tuple, what: str) -> tuple:
+    """Compile :func:`chunk_function` of ``key`` for the argument ``specs`` ``(theta, arrays,
+    operands)``; the compile log hears when it starts and ends (``what`` names the program: the
+    command's progress lines show it). Returns ``(compiled, scratch bytes)``."""
+    started = time.perf_counter()
+    _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
+    compiled = jax.jit(chunk_function(key)).lower(*specs).compile()
+    elapsed = time.perf_counter() - started
+    _compile_log.info("compiled the %s in %.1f s", what, elapsed, extra={"diffsoup_compile": ("end", what, elapsed)})
+    stats = compiled.memory_analysis()
+    scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+    return compiled, scratch
+
+
+def device_blocks(members, n_devices: int) -> np.ndarray:
+    """``(devices, B)`` study indices of a group's ``members`` split in order over the devices
+    (-1: padding)."""
+    mine = member_array(members)
+    B = math.ceil(mine.size / n_devices)
+    blocks = np.full(n_devices * B, -1, dtype=np.int64)
+    blocks[: mine.size] = mine
+    return blocks.reshape(n_devices, B)
 
 
 def platform_signature() -> tuple:

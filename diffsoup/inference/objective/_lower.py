@@ -91,7 +91,7 @@ from ._chunk_programs import chunk_function as chunk_function
 from ._chunk_programs import clear_program_cache as clear_program_cache
 from ._chunk_programs import gauss_newton_sums as gauss_newton_sums
 from ._lowered_study import LoweredStudy as LoweredStudy
-from ._lowered_study import device_blocks as device_blocks
+from ._chunk_programs import device_blocks as device_blocks
 from ._lowering_options import BFC_BLOCK_CAP as BFC_BLOCK_CAP
 from ._lowering_options import CPU_BLOCK_CAP as CPU_BLOCK_CAP
 from ._lowering_options import DEFAULT_CHUNK as DEFAULT_CHUNK

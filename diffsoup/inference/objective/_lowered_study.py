@@ -7,9 +7,7 @@ chunk by chunk into a typed part, and ``restrict`` to a subset of the experiment
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from typing import Any, Sequence
 
 import jax
@@ -28,6 +26,8 @@ from ._chunk_programs import (
     cached_program,
     chunk_function,
     compile_lock,
+    compile_program,
+    device_blocks,
     device_sum,
     gauss_newton_sums,
     over_points,
@@ -56,11 +56,6 @@ from ._parts import (
     ValuePart,
 )
 from ._problem import InferenceProblem
-from ._terms import member_array
-
-
-# Compilation start/end records (``extra["diffsoup_compile"] = (event, what, seconds)``).
-_compile_log = logging.getLogger("diffsoup.compile")
 
 
 class LoweredStudy(AbstractLoweredStudy):
@@ -303,32 +298,29 @@ class LoweredStudy(AbstractLoweredStudy):
         with compile_lock(key):  # a program asked for by several threads at once is compiled once
             hit = self._compiled.get(key) or cached_program(key)
             if hit is None:
-                group = self.groups[gi]
-                example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
-                ops = self.problem.operands()
-                lane_sh, rep = program_devices.program_shardings(device, self.mesh)
-                arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
-                theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
-                ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
-                label = {"value_and_grad": "value_and_grad (adjoint)",
-                         "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
-                one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
-                one_by_one += f", on {device}" if device is not None else ""
-                what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
-                       f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
-                started = time.perf_counter()
-                # A listener (the command's progress lines) hears when a compilation starts and ends.
-                _compile_log.info("compiling the %s", what, extra={"diffsoup_compile": ("start", what, 0.0)})
-                compiled = jax.jit(chunk_function(key)).lower(theta_spec, arr_spec, ops_spec).compile()
-                elapsed = time.perf_counter() - started
-                _compile_log.info("compiled the %s in %.1f s", what, elapsed,
-                                  extra={"diffsoup_compile": ("end", what, elapsed)})  # fmt: skip
-                stats = compiled.memory_analysis()
-                scratch = int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
-                hit = (compiled, scratch)
+                hit = self._compile_new(key, gi, device)
                 remember_program(key, hit)
         self._compiled[key] = hit
         return Program(mode, kind, lanes, hit[0], hit[1], lane_mode)
+
+    def _compile_new(self, key: ProgramKey, gi: int, device: jax.Device | None) -> tuple:
+        """Compile the chunk program of ``key`` (group ``gi``, on ``device``), announced to the
+        compile log (:func:`compile_program`); returns ``(compiled, scratch bytes)``."""
+        lanes, lane_mode, fn_kind = key.lanes, key.lane_mode, key.kind
+        group = self.groups[gi]
+        example = self.problem.pack(group, [self._members[gi][0]] * (lanes * self.n_devices))
+        ops = self.problem.operands()
+        lane_sh, rep = program_devices.program_shardings(device, self.mesh)
+        arr_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=lane_sh), example)
+        theta_spec = jax.ShapeDtypeStruct((self.problem.n_theta,), np.float64, sharding=rep)
+        ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
+        label = {"value_and_grad": "value_and_grad (adjoint)",
+                 "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
+        one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
+        one_by_one += f", on {device}" if device is not None else ""
+        what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
+               f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
+        return compile_program(key, (theta_spec, arr_spec, ops_spec), what)
 
     def _sequential_program(self, prog: Program, gi: int, device: jax.Device | None) -> Program:
         """``prog`` with its lanes run one after the other (compiled on first use)."""
@@ -603,14 +595,3 @@ class LoweredStudy(AbstractLoweredStudy):
         on = f", device={self.device}" if self.device is not None else ""
         return f"LoweredStudy({which}, theta={self.problem.n_theta}, devices={self.n_devices}{on}, " \
                f"chunks={self.chunk_sizes})"  # fmt: skip
-
-
-def device_blocks(members, n_devices: int) -> np.ndarray:
-    """``(devices, B)`` study indices of a group's ``members`` split in order over the devices
-    (-1: padding)."""
-    mine = member_array(members)
-    B = math.ceil(mine.size / n_devices)
-    blocks = np.full(n_devices * B, -1, dtype=np.int64)
-    blocks[: mine.size] = mine
-    return blocks.reshape(n_devices, B)
-
