@@ -107,13 +107,16 @@ def cancel_all(env) -> None:
 
 def watch_dashboard(job: str, log: Path, timeout: float = 600) -> dict:
     """Read diffsoup's page and its studies route on the job's dashboard (its URL is in the job's
-    log) until the job ends: the page's HTML and the last study's experiment count and statuses."""
+    log) until the job ends, or until a read after the fit is done (the job's log says so; its
+    dashboard stays up a few seconds more): the page's HTML and the last study's experiment count
+    and statuses."""
     seen: dict = {"page": None, "experiments": None, "statuses": None}
     end = time.monotonic() + timeout
     url = None
     while time.monotonic() < end and running(job):
+        text = log.read_text() if log.exists() else ""
         if url is None:
-            match = re.search(r"diffsoup page: (http\S+)/diffsoup\b", log.read_text() if log.exists() else "")
+            match = re.search(r"diffsoup page: (http\S+)/diffsoup\b", text)
             url = match.group(1) if match else None
         if url is not None:
             try:
@@ -126,6 +129,8 @@ def watch_dashboard(job: str, log: Path, timeout: float = 600) -> dict:
                 statuses = [e["status"] for e in record["experiments"].values() if e["status"] is not None]
                 seen["experiments"] = len(record["experiments"])
                 seen["statuses"] = {s: statuses.count(s) for s in set(statuses)}
+            if studies and "fit done; the dashboard stays up" in text:
+                break  # read after the fit: the final statuses
         time.sleep(0.5)
     return seen
 
@@ -146,7 +151,7 @@ def test_fit_job_script_fits_a_study_through_slurm_workers(slurm, tmp_path):
     path = study(tmp_path, 6)
     log = tmp_path / "fit.log"
     job = sbatch(JOBS / "fit_study.py", path, tmp_path / "out", profile(tmp_path), "--starts", 2, "--max-nfev", 30,
-                 "--keep-dashboard", 30, env=slurm, cwd=tmp_path, log=log)  # fmt: skip
+                 "--keep-dashboard", 8, env=slurm, cwd=tmp_path, log=log)  # fmt: skip
     # diffsoup's page on the SLURMCluster's dashboard, read while the job runs: the study's
     # experiments arrive in its JSON route, and the page itself is served.
     seen = watch_dashboard(job, log)
