@@ -3,6 +3,7 @@ objective against a likelihood computed by hand from ds.simulate and scipy.stats
 vs forward-sensitivity Jacobian vs finite differences; one chunk vs many chunks vs 4 sharded CPU
 devices; chunk sizing under a block limit; balance_steps."""
 
+import functools
 import json
 import logging
 import os
@@ -27,9 +28,16 @@ def tiny_network():
     )
 
 
+@functools.cache
+def tiny_problem():
+    """The tiny network built once: compiled programs are cached per problem (it compares by
+    identity), so the tests' studies of it share their programs instead of compiling them again."""
+    return tiny_network().to_spec(y0=[1.0, 0.0, 0.0]).build()
+
+
 def tiny_study(n=8, seed=0):
     """n experiments (3 or 4 times, one missing value, one with k3 fixed by its conditions), sigma 0.02."""
-    problem = tiny_network().to_spec(y0=[1.0, 0.0, 0.0]).build()
+    problem = tiny_problem()
     rng = np.random.default_rng(seed)
     exps = []
     for i in range(n):
