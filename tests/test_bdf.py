@@ -298,11 +298,21 @@ def test_vmap_matches_a_loop_lane_by_lane(solver):
     assert len(steps) > 1  # the lanes did take different steps
 
 
+PRECISION_KW = dict(t_eval=[2.0], method=ds.BDF(), rtol=1e-8, atol=1e-10, discontinuities=(1.1,))
+
+
+@pytest.fixture(scope="module")
+def brusselator6_float64():
+    """The float64 solve the precision modes are compared with (solved once for the three)."""
+    with klu_device():
+        return ds.simulate(brusselator_2d(6).build(linear_solver=ds.linear.KLU()), **PRECISION_KW)
+
+
 @pytest.mark.parametrize("mode", ["fp32_ir", "adaptive", "fp32"])
-def test_precision_modes(mode):
+def test_precision_modes(mode, brusselator6_float64):
     spec = brusselator_2d(6)
-    kw = dict(t_eval=[2.0], method=ds.BDF(), rtol=1e-8, atol=1e-10, discontinuities=(1.1,))
-    plain = ds.simulate(spec.build(linear_solver=ds.linear.KLU()), **kw)
+    kw = PRECISION_KW
+    plain = brusselator6_float64
     sol = ds.simulate(spec.build(linear_solver=ds.linear.KLU(), precision=ds.Precision(solve_mode=mode)), **kw)
     # The corrector iterates to its tolerance whatever the solves' precision.
     np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(plain.ys), rtol=1e-8)
