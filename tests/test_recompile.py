@@ -4,6 +4,7 @@ equal those of a program compiled for the new numbers alone. Also: outputs a fai
 reach are NaN, and tolerances below the compute dtype's resolution are raised with a warning."""
 
 import contextlib
+import functools
 import warnings
 
 import jax
@@ -107,7 +108,9 @@ def test_gradients_at_a_new_rtol_compile_nothing(rober_problem):
     assert abs(float(g8[0]) - fd) < 1e-4 * abs(fd)
 
 
+@functools.cache
 def _study():
+    """One study for both gradients (built once: its data come from compiled solves)."""
     problem = rober().build()
     times = np.array([1e-2, 1.0, 1e2, 1e4])
     exps = []
