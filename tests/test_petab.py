@@ -72,7 +72,9 @@ FIVE = [
 
 
 @pytest.mark.parametrize("name", FIVE)
-def test_benchmark_likelihood_at_the_nominal_point_matches_the_tight_reference(name):
+def test_benchmark_likelihood_at_the_nominal_point_matches_the_tight_reference(name, tmp_path):
+    """The likelihood against the collection's reference and petab's own; for the problems with
+    simulated data (SIMULATED), the simulation table against it (one load and lowering for both)."""
     problem = _load(name)
     assert problem.solver.rtol == problem.solver.atol == 1e-8  # AMICI's benchmark tolerances
     lowered = problem.lower(solver=TIGHT)
@@ -90,20 +92,20 @@ def test_benchmark_likelihood_at_the_nominal_point_matches_the_tight_reference(n
     pp = problem.petab_problem
     llh = petab.calculate_llh(pp.measurement_df, sim, pp.observable_df, pp.parameter_df)
     assert abs(llh + value) <= 1e-9 * abs(value)
+    if name in SIMULATED:  # Fujita's simulatedData is left out (tests/data/petab/README.md)
+        _simulation_table_reproduces_the_collections_simulated_data(problem, name, *SIMULATED[name], tmp_path)
 
 
-# (problem, relative agreement with simulatedData, conditions to leave out): see tests/data/petab/README.md
-SIMULATED = [
-    pytest.param("Boehm_JProteomeRes2014", 1e-6, (), id="Boehm"),
-    pytest.param("Bruno_JExpBot2016", 1e-5, (), id="Bruno"),
-    pytest.param("Brannmark_JBC2010", 1e-5, ("TwoSteps",), id="Brannmark"),
-    pytest.param("Weber_BMC2015", 1e-6, (), id="Weber"),
-]
+# (relative agreement with simulatedData, conditions to leave out): see tests/data/petab/README.md
+SIMULATED = {
+    "Boehm_JProteomeRes2014": (1e-6, ()),
+    "Bruno_JExpBot2016": (1e-5, ()),
+    "Brannmark_JBC2010": (1e-5, ("TwoSteps",)),
+    "Weber_BMC2015": (1e-6, ()),
+}
 
 
-@pytest.mark.parametrize("name, rtol, leave_out", SIMULATED)
-def test_simulation_table_reproduces_the_collections_simulated_data(name, rtol, leave_out, tmp_path):
-    problem = _load(name)
+def _simulation_table_reproduces_the_collections_simulated_data(problem, name, rtol, leave_out, tmp_path):
     path = problem.write_simulation_table(tmp_path / "simulation.tsv", solver=TIGHT)
     ours = petab.get_simulation_df(path)
     theirs = petab.get_simulation_df(DATA / name / f"simulatedData_{name}.tsv")
