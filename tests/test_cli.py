@@ -546,22 +546,35 @@ def test_campaign_reads_a_ledger_of_an_earlier_diffsoup_as_the_same_starts(tmp_p
         campaign_study(study, tmp_path / "moved", log=lambda line: None, **settings)
 
 
-def fitted_decay_study(folder):
-    """The decay study of :func:`write_decay_study` in ``folder``, fitted into ``folder/fit`` (in
-    this process); returns the fit's summary."""
+@pytest.fixture(scope="module")
+def decay_fit(tmp_path_factory):
+    """The decay study of :func:`write_decay_study` fitted into ``fit/`` beside it (in this process),
+    once for the tests that start from the fit: its folder and the fit's summary."""
     from diffsoup.workflows import fit_study
 
+    folder = tmp_path_factory.mktemp("decay-fit")
     write_decay_study(folder)
-    return fit_study(folder / "study.toml", folder / "fit", method="fides", starts=2, progress=False, plots=False,
-                     log=lambda line: None)  # fmt: skip
+    summary = fit_study(folder / "study.toml", folder / "fit", method="fides", starts=2, progress=False, plots=False,
+                        log=lambda line: None)  # fmt: skip
+    return folder, summary
 
 
-def test_the_summary_says_when_one_start_alone_reached_the_best(tmp_path, capsys):
+def fitted_decay_study(folder, decay_fit):
+    """The decay study of :func:`write_decay_study` in ``folder``, fitted into ``folder/fit`` (a copy
+    of the fixture ``decay_fit``'s); returns the fit's summary."""
+    import copy
+    import shutil
+
+    shutil.copytree(decay_fit[0], folder, dirs_exist_ok=True)
+    return copy.deepcopy(decay_fit[1])
+
+
+def test_the_summary_says_when_one_start_alone_reached_the_best(tmp_path, capsys, decay_fit):
     """A fit whose best objective one start alone reached says so and what to run (fides: more
     starts or the hybrid Hessian; another method: more starts); starts that agree say nothing."""
     from diffsoup import cli
 
-    summary = fitted_decay_study(tmp_path)
+    summary = fitted_decay_study(tmp_path, decay_fit)
     assert summary["starts"]["at_best"] == summary["starts"]["total"] == 2
     cli._print_summary(summary, tmp_path / "fit")
     assert "only one start" not in capsys.readouterr().out
@@ -575,7 +588,7 @@ def test_the_summary_says_when_one_start_alone_reached_the_best(tmp_path, capsys
         assert "run more starts (--starts 4)\n" in out and "hybrid" not in out
 
 
-def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, capsys):
+def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, capsys, decay_fit):
     """``h(t) = A exp(-k t)`` with Gaussian noise (tests/fit_helpers.py) as a study file: the
     intervals of ``diffsoup profile`` match scipy's profile of the closed form; a rerun reads the
     profiles from the ledger."""
@@ -584,7 +597,7 @@ def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, c
 
     from diffsoup import cli
 
-    fit = fitted_decay_study(tmp_path)
+    fit = fitted_decay_study(tmp_path, decay_fit)
     out = tmp_path / "profiles"
     assert cli.main(["profile", str(tmp_path / "study.toml"), "--from-fit", str(tmp_path / "fit"), "-o", str(out),
                      "--in-process"]) == 0  # fmt: skip
@@ -635,8 +648,8 @@ def test_profile_command_gives_the_closed_form_intervals_and_resumes(tmp_path, c
 
 
 @pytest.mark.slow
-def test_profile_command_runs_each_profile_as_a_task_on_the_embedded_dask_cluster(tmp_path):
-    fitted_decay_study(tmp_path)
+def test_profile_command_runs_each_profile_as_a_task_on_the_embedded_dask_cluster(tmp_path, decay_fit):
+    fitted_decay_study(tmp_path, decay_fit)
     here = tmp_path / "here"
     diffsoup("profile", tmp_path / "study.toml", "--from-fit", tmp_path / "fit", "-o", here, "--in-process", "--no-plots")
     out = tmp_path / "dask"
