@@ -4,6 +4,8 @@ still converges; drawn start points that fail to solve are replaced; options are
 in a valley is continued while the quadratic model predicts a decrease (Rosenbrock's valley, a
 closed-form quadratic), and a continuation that gains nothing is not repeated."""
 
+import functools
+
 import numpy as np
 import pytest
 from fit_helpers import SOLVER, decay_study, reference_fit
@@ -41,14 +43,20 @@ def test_fides_is_the_default_method():
 def _blowup_study():
     """y' = k y^2 blows up at t = 1/(k y0): for k above 1 before the last measurement (t = 1), so
     Gauss-Newton and quasi-Newton steps from small k overshoot into points whose solve fails."""
+    return ds.lower(_blowup(), solver=SolverOptions(max_steps=2000))
+
+
+@functools.cache
+def _blowup():
+    """The study of :func:`_blowup_study`, built once: the tests' lowerings of it share their
+    compiled programs."""
     spec = ds.ProblemSpec(lambda t, y, p: p["k"] * y**2, states=["y"], parameters={"A": 1.0, "k": 0.7}, y0=[1.0],
                           name="blowup")  # fmt: skip
     times = np.linspace(0.1, 1.0, 10)
     rng = np.random.default_rng(0)
     data = 1.0 / (1.0 - 0.7 * times) + 0.05 * rng.standard_normal(10)
     e = ds.Experiment("e", times, data[:, None], observables=lambda y, p: p["A"] * y, noise=Gaussian(0.05), y0=[1.0])
-    study = ds.Study(spec.build(), [e], [Parameter("A", 1.0, 0.1, 10.0), Parameter("k", 0.5, 0.01, 100.0)])
-    return ds.lower(study, solver=SolverOptions(max_steps=2000))
+    return ds.Study(spec.build(), [e], [Parameter("A", 1.0, 0.1, 10.0), Parameter("k", 0.5, 0.01, 100.0)])
 
 
 @pytest.mark.parametrize("method", [Fides(), Fides(hessian="bfgs"), TRF(), LBFGSB()], ids=lambda m: repr(m)[:20])
