@@ -128,14 +128,18 @@ def test_the_default_leaves_noise_levels_to_the_optimizer_where_the_jacobian_wou
     assert AnalyticParameters.find(low, ["sigma"]).names == ("sigma",)
 
 
+def _scaled_offset(y, p):
+    return p["s"] * y + p["o"]
+
+
 def _scaled_offset_study(estimate_sigma=False):
     """h = s y + o with y' = -k y: s and o enter affinely, jointly (sigma estimated: the spread
-    of every cell, 'sd')."""
+    of every cell, 'sd'). One observable function for every call: the studies share programs."""
     rng = np.random.default_rng(3)
     truth = {"k": 0.5, "s": 3.0, "o": 0.4}
     y = np.exp(-truth["k"] * TIMES)
     data = (truth["s"] * y + truth["o"] + 0.05 * rng.standard_normal(TIMES.size))[:, None]
-    e = ds.Experiment("e", TIMES, data, observables=lambda y, p: p["s"] * y + p["o"],
+    e = ds.Experiment("e", TIMES, data, observables=_scaled_offset,
                       noise=Gaussian("sd" if estimate_sigma else 0.05), y0=[1.0],
                       observable_parameters={"s": "s", "o": "o"})  # fmt: skip
     params = [Parameter("k", 1.0, 0.01, 100.0), Parameter("s", 1.0, 1e-3, 1e3),
