@@ -4,6 +4,7 @@ synthetic data, so that ``diffsoup demo`` (and a newcomer) can run the same path
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -59,12 +60,10 @@ max_nfev = 100
 {experiments}'''
 
 
-def write_demo_study(directory, *, n_experiments: int = 24, seed: int = 0) -> Path:
-    """Write ``study.toml`` and ``data/measurements.csv`` (synthetic, from :data:`TRUTH`) into
-    ``directory``; return the study file's path."""
-    jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points
-    directory = Path(directory)
-    (directory / "data").mkdir(parents=True, exist_ok=True)
+@functools.cache
+def _true_trajectories():
+    """The demo network's trajectories at :data:`TIMES` from initial states ``(n, 5)``, one jitted
+    program per process (compiled once per number of experiments, not once per study written)."""
     species = ["S", "E", "C", "P", "CI"]
     network = ds.ReactionNetwork(
         species,
@@ -73,14 +72,23 @@ def write_demo_study(directory, *, n_experiments: int = 24, seed: int = 0) -> Pa
         TRUTH,
     )  # fmt: skip
     problem = network.to_spec(y0=np.zeros(5)).build()
+    times = np.asarray(TIMES)
+    return jax.jit(jax.vmap(lambda y0: ds.simulate(problem, y0, times, rtol=1e-11, atol=1e-13).ys))
+
+
+def write_demo_study(directory, *, n_experiments: int = 24, seed: int = 0) -> Path:
+    """Write ``study.toml`` and ``data/measurements.csv`` (synthetic, from :data:`TRUTH`) into
+    ``directory``; return the study file's path."""
+    jax.config.update("jax_enable_x64", True)  # one of diffsoup's own entry points
+    directory = Path(directory)
+    (directory / "data").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     s0 = rng.uniform(0.5, 3.0, n_experiments)
     e0 = rng.uniform(0.05, 0.4, n_experiments)
     y0s = np.zeros((n_experiments, 5))
     y0s[:, 0], y0s[:, 1] = s0, e0
     times = np.asarray(TIMES)
-    sim = jax.jit(jax.vmap(lambda y0: ds.simulate(problem, y0, times, rtol=1e-11, atol=1e-13).ys))
-    ys = np.asarray(sim(y0s))
+    ys = np.asarray(_true_trajectories()(y0s))
     rows = ["experiment,time,S,P,bound"]
     blocks = []
     for i in range(n_experiments):
