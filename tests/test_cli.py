@@ -35,22 +35,6 @@ def demo(tmp_path_factory):
     return out, proc
 
 
-@pytest.fixture(scope="module")
-def two_experiments(tmp_path_factory):
-    """The demo's study with 2 experiments, written once (its synthetic data come from a compiled
-    simulation, seconds each time); tests copy it with ``copy_study``."""
-    from diffsoup._demo_study import write_demo_study
-
-    return write_demo_study(tmp_path_factory.mktemp("two") / "demo", n_experiments=2).parent
-
-
-def copy_study(folder, to):
-    import shutil
-
-    shutil.copytree(folder, to)
-    return to / "study.toml"
-
-
 @pytest.mark.slow
 def test_demo_runs_end_to_end_on_a_local_dask_cluster(demo):
     out, proc = demo
@@ -179,8 +163,10 @@ def test_fit_on_a_scheduler_address(demo, tmp_path):
     assert "results" in proc.stdout
 
 
-def test_simulate_with_an_unknown_parameter_says_so(tmp_path, two_experiments):
-    study = copy_study(two_experiments, tmp_path / "demo")
+def test_simulate_with_an_unknown_parameter_says_so(tmp_path):
+    from diffsoup._demo_study import write_demo_study
+
+    study = write_demo_study(tmp_path, n_experiments=2)
     proc = diffsoup("simulate", study, "-o", tmp_path / "out", "--set", "kcatt=2", check=False)
     assert proc.returncode == 1 and "['kcatt'] are not parameters of enzyme-demo" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -261,8 +247,10 @@ def test_simulate_from_a_missing_fit_names_the_path_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_study_whose_every_solve_fails_exits_non_zero_naming_the_status(tmp_path, two_experiments):
-    study = copy_study(two_experiments, tmp_path / "demo")
+def test_a_study_whose_every_solve_fails_exits_non_zero_naming_the_status(tmp_path):
+    from diffsoup._demo_study import write_demo_study
+
+    study = write_demo_study(tmp_path / "demo", n_experiments=2)
     study.write_text(study.read_text().replace("atol = 1e-10\n", "atol = 1e-10\nmax_steps = 5\n"))
     out = tmp_path / "sim"
     proc = diffsoup("simulate", "demo/study.toml", "-o", "sim", cwd=tmp_path, check=False)  # relative paths

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,22 +117,13 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("diffsoup-cache")
 
 
-@pytest.fixture(scope="module")
-def demo_study(tmp_path_factory):
-    """The demo's study as ``./run demo`` writes it, written once (its synthetic data come from a
-    compiled simulation, seconds each time) and copied into each block's workspace."""
+def _workspace(path: Path, cache: Path) -> dict:
+    """A checkout after ``./run demo``, in ``path``; returns the environment blocks run with."""
     from diffsoup._demo_study import write_demo_study
 
-    path = tmp_path_factory.mktemp("demo") / "diffsoup-demo"
-    write_demo_study(path)
-    return path
-
-
-def _workspace(path: Path, cache: Path, demo: Path) -> dict:
-    """A checkout after ``./run demo``, in ``path``; returns the environment blocks run with."""
     for name in ("tests", "jobs"):
         (path / name).symlink_to(ROOT / name, target_is_directory=True)
-    shutil.copytree(demo, path / "diffsoup-demo")  # each block its own copy
+    write_demo_study(path / "diffsoup-demo")  # its simulation compiles once per process
     bin_dir = path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     command = bin_dir / "diffsoup"
@@ -146,8 +136,8 @@ def _workspace(path: Path, cache: Path, demo: Path) -> dict:
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_block_runs(program, tmp_path, cache_dir, demo_study):
-    env = _workspace(tmp_path, cache_dir, demo_study)
+def test_block_runs(program, tmp_path, cache_dir):
+    env = _workspace(tmp_path, cache_dir)
     if program["kind"] == "python":
         script = tmp_path / "block.py"
         script.write_text(program["source"])
