@@ -144,6 +144,29 @@ def test_ctrl_c_in_a_fit_on_the_embedded_cluster_is_one_line_and_leaves_no_folde
 # ------------------------------------------------------------------------------------------------
 
 
+def test_the_silenced_dask_logs_include_children_dask_gives_a_level_of_their_own():
+    """Dask's configuration sets ``tornado.application`` to ERROR; through it the loop thread logs
+    the traceback of a Ctrl-C that lands before Dask's ``sync`` started its future (seen in CI)."""
+    import distributed  # noqa: F401  (applies Dask's logging configuration)
+
+    from diffsoup.distributed._clusters import quiet_dask_logs
+
+    logger = logging.getLogger("tornado.application")
+    assert logger.level == logging.ERROR  # the premise: a level of its own, not the parent's
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        with quiet_dask_logs():
+            logger.error("while the cluster closes")
+        logger.error("after")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ["after"]
+    assert logger.level == logging.ERROR
+
+
 def test_a_campaign_grown_from_2_to_3_starts_runs_only_the_new_one(study, tmp_path):
     """The start points are a stream: the 2 starts of the first run are the first 2 of 3, found
     unchanged in the ledger (same records, same finish times), and only the third runs."""

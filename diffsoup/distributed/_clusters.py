@@ -301,8 +301,16 @@ def cluster_client(*, scheduler: str | None = None, slurm: Any = None, n_workers
 @contextlib.contextmanager
 def quiet_dask_logs() -> Iterator[None]:
     """Silence Dask's loggers (:data:`DASK_LOGGERS`: lost connections, cancelled tasks) for the
-    duration, then give them their levels back."""
-    loggers = [logging.getLogger(name) for name in DASK_LOGGERS]
+    duration, then give them their levels back.
+
+    Their children with a level of their own are silenced too: Dask's configuration gives
+    ``tornado.application`` one (ERROR), and through it the loop thread logs a traceback when a
+    Ctrl-C lands before Dask's ``sync`` has started its future (a ``NameError`` in its ``cancel``).
+    """
+    names = set(DASK_LOGGERS)
+    names |= {name for name, lg in list(logging.root.manager.loggerDict.items())
+              if isinstance(lg, logging.Logger) and name.split(".")[0] in DASK_LOGGERS}  # fmt: skip
+    loggers = [logging.getLogger(name) for name in sorted(names)]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL + 1)
