@@ -171,7 +171,7 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
         t, c = time.perf_counter(), time.process_time()
         batched = {k: int(v) for k, v in (("lanes", lanes), ("polish", polish)) if v is not None}
         if method == "batched":  # its program of as many lanes as the fit runs, and the polish's (fides)
-            n_lanes = ds.inference.BatchedTrustRegion(**batched).lanes
+            n_lanes = ds.inference.BatchedTrustRegion(**batched).lanes_on(lowered.platform)
             ds.inference.fit(lowered, method=ds.inference.BatchedTrustRegion(max_evaluations=2, **{**batched, "polish": 0}),
                              starts=points[:n_lanes], hierarchical=analytic)  # fmt: skip
             method_warmup = "fides"

@@ -228,6 +228,27 @@ def test_auto_takes_batched_on_a_gpu_with_enough_starts_and_fides_otherwise(tmp_
     assert "fit: auto (batched on a GPU with >= 16 starts, else fides)" in out and "fit: fides (gauss_newton" in out
 
 
+def test_default_lanes_fill_a_gpu_and_size_the_blocks_for_where_they_run(decay):
+    """``lanes=None`` (the default): 1,024 lanes on a GPU, where a program's lanes cost little more
+    than one, 16 on a CPU; a given count wins. The blocks of a multistart are sized by the platform
+    they run on, given or the lowered study's (this CPU here); ``starts_per_block`` wins over both."""
+    from diffsoup.distributed._start_runs import plan_starts
+    from diffsoup.inference.fitting._batched_trust_region import CPU_LANES, GPU_LANES
+
+    assert (GPU_LANES, CPU_LANES) == (1024, 16)
+    assert BatchedTrustRegion().lanes is None
+    assert BatchedTrustRegion().lanes_on("gpu") == 1024 and BatchedTrustRegion().lanes_on("cpu") == 16
+    assert BatchedTrustRegion(lanes=8).lanes_on("gpu") == 8
+    with pytest.raises(ValueError, match="lanes=0 must be a positive integer"):
+        BatchedTrustRegion(lanes=0)
+    options = dict(starts=40, seed=0, method=BatchedTrustRegion(), max_nfev=None, resample_failed_starts=0,
+                   hierarchical=False)  # fmt: skip
+    sizes = lambda plan: [item["count"] for item in plan.items]  # noqa: E731
+    assert sizes(plan_starts(decay, **options)) == [16, 16, 8]  # the study lowered here: on this CPU
+    assert sizes(plan_starts(decay, **options, platform="gpu")) == [40]
+    assert sizes(plan_starts(decay, **options, platform="gpu", starts_per_block=25)) == [25, 15]
+
+
 FIT_FIDES = '\n[fit]\nmethod = "fides"\n'
 
 

@@ -3,7 +3,8 @@ batched optimizer on one worker.
 
 The starts ``0 .. N-1`` of the start stream (:func:`~diffsoup.inference.fitting._starts.start_points`:
 start ``i`` depends on ``(seed, i)`` alone) are cut into blocks of ``starts_per_block`` (by default
-the optimizer's ``lanes``); block ``b`` holds starts ``b * starts_per_block`` onwards and is the
+the optimizer's lanes on the platform the blocks run on: 1,024 on a GPU, 16 elsewhere, where the
+optimizer names none); block ``b`` holds starts ``b * starts_per_block`` onwards and is the
 task ``block-0000``, ``block-0001``, ... of a ``checkpointed_map`` campaign. Its item holds the
 range (``first``, ``count``), the seed, ``starts_per_block``, the optimizer with its options and a
 digest of the block's start points, so a rerun with the same settings resumes (finished blocks are
@@ -56,14 +57,15 @@ def points_digest(points: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(points, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
-def check_starts_per_block(starts_per_block: Any, optimizer: BatchedTrustRegion) -> int:
-    """``starts_per_block`` as a positive count (None: the optimizer's ``lanes``).
+def check_starts_per_block(starts_per_block: Any, optimizer: BatchedTrustRegion, platform: str) -> int:
+    """``starts_per_block`` as a positive count (None: the optimizer's lanes on ``platform``, the JAX
+    platform the blocks run on: ``BatchedTrustRegion.lanes_on``).
 
     Raises:
         ValueError: for anything else, naming it.
     """
     if starts_per_block is None:
-        return int(optimizer.lanes)
+        return optimizer.lanes_on(platform)
     if isinstance(starts_per_block, bool) or not isinstance(starts_per_block, (int, np.integer)) or starts_per_block < 1:
         raise ValueError(f"multistart: starts_per_block={starts_per_block!r} must be a positive count of starts (None: "
                          "the optimizer's lanes).")  # fmt: skip

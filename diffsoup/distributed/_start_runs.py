@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..inference import AbstractLoweredStudy, FitResult, StartResult
-from ..inference.fitting._batched_fit import polish_ends
+from ..inference.fitting._batched_fit import lowered_platform, polish_ends
 from ..inference.fitting._batched_trust_region import BatchedTrustRegion
 from ..inference.fitting._fit import DEFAULT_METHOD, optimizer_of
 from ..inference.fitting._run_start import run_start
@@ -143,9 +143,12 @@ class StartPlan:
 def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStudy], *, starts: int, seed: int,
                 method: str | AbstractOptimizer, max_nfev: int | None, resample_failed_starts: int,
                 hierarchical: bool | Sequence[str] | None, tags: Mapping[str, Any] | None = None,
-                starts_per_block: int | None = None, ledger_path: str | os.PathLike | None = None) -> StartPlan:  # fmt: skip
+                starts_per_block: int | None = None, ledger_path: str | os.PathLike | None = None,
+                platform: str | None = None) -> StartPlan:  # fmt: skip
     """The items and task of a multistart campaign (arguments as for :func:`multistart`; for blocks
-    of starts, ``ledger_path``'s accepted blocks keep their ranges as the starts grow).
+    of starts, ``ledger_path``'s accepted blocks keep their ranges as the starts grow; ``platform``:
+    the JAX platform the blocks run on, which sizes them where neither ``starts_per_block`` nor the
+    optimizer's ``lanes`` does; None: the study's as lowered in this process).
 
     Raises:
         ValueError: for a start count below 1, tags that would replace an item's own entries, or
@@ -171,7 +174,7 @@ def plan_starts(lowered: AbstractLoweredStudy | Callable[[], AbstractLoweredStud
     remember_analytic(low, analytic, found)  # tasks run in this process on low find nothing again
     task.analytic = tuple(analytic)
     if batched:  # the lanes optimize noise levels analytically, the polish every analytic parameter
-        per_block = check_starts_per_block(starts_per_block, optimizer)
+        per_block = check_starts_per_block(starts_per_block, optimizer, platform or lowered_platform(low))
         recorded = recorded_blocks(ledger_path, seed=int(seed), starts_per_block=per_block, optimizer=optimizer)
         items = block_items(low, optimizer, starts=int(starts), seed=int(seed), starts_per_block=per_block,
                             resample_failed_starts=int(resample_failed_starts), tags=tags, recorded=recorded,
@@ -274,7 +277,8 @@ def multistart(
             that a rerun with other values is a ledger conflict rather than a resume.
         starts_per_block: for ``method="batched"`` (or a ``BatchedTrustRegion``): the starts of
             one task (``block-0000``, ...), run as the optimizer's lanes on one worker; None: the
-            optimizer's ``lanes``. Part of each block's item: a rerun with another value (or
+            optimizer's ``lanes`` (where None too: 1,024 when the study lowered here runs on a GPU,
+            else 16; give it for GPU workers driven from a CPU). Part of each block's item: a rerun with another value (or
             another seed) is a ledger conflict naming it; a rerun with more starts keeps the
             accepted blocks (a partial last one too) and adds blocks after them. The host then
             polishes the best distinct optima of all blocks with fides (in this process, with

@@ -18,7 +18,8 @@ from typing import Any
 import jax
 
 AUTO_MIN_STARTS = 16
-"""Starts from which ``auto`` takes the batched optimizer on a GPU (``BatchedTrustRegion``'s default lanes)."""
+"""Starts from which ``auto`` takes the batched optimizer on a GPU (fewer leave its program's lanes
+nearly empty and pay its compilation for little; by default a GPU program has 1,024 lanes)."""
 AUTO_LABEL = f"auto (batched on a GPU with >= {AUTO_MIN_STARTS} starts, else fides)"
 """How ``diffsoup check`` names the method of a file whose ``[fit]`` names none."""
 

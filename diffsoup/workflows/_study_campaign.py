@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ._auto_method import default_backend
 from ._campaign_settings import SETTINGS_FILE, campaign_settings, check_campaign_settings, write_campaign_settings
 from ._honest_answers import check_tolerance
 from ._output_folder import check_output_folder
@@ -185,10 +186,12 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
     # here, before any ledger is written. The optimizer with its options, the study's digest and
     # the hierarchical choice are part of each item, so a rerun with another method, Hessian,
     # evaluation cap, study or choice is a ledger conflict (resume refused, --restart offered).
+    # Blocks of starts (method batched) are sized for the device they run on (1,024 lanes on a GPU).
     plan = plan_starts(StudyLowering(str(sf.path.resolve()), digest), starts=settings["starts"], seed=settings["seed"],
                        method=_optimizer(settings), max_nfev=settings["max_nfev"], resample_failed_starts=0,
                        hierarchical=settings["hierarchical"], ledger_path=ledger if resume else None,
-                       tags={"study_digest": digest, "hierarchical": settings["hierarchical"]})  # fmt: skip
+                       tags={"study_digest": digest, "hierarchical": settings["hierarchical"]},
+                       platform=default_backend(client))  # fmt: skip
     lowered, items = plan.lowered, plan.items
     log(f"[diffsoup] campaign on {sf.name}: {_tasks_label(plan)} ({_method_label(settings)}), "
         f"ledger {ledger}, {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip

@@ -282,9 +282,11 @@ def _fit_blocks(sf: Any, client: Any, options: Mapping[str, Any]) -> tuple[Any, 
     from ..distributed._start_runs import fit_of, plan_starts, run_starts
 
     t0 = time.perf_counter()
+    # Blocks of starts sized for the workers' device (1,024 lanes on a GPU), not this process's.
     plan = plan_starts(StudyLowering(str(sf.path.resolve()), study_digest(sf)), starts=options["starts"],
                        seed=options["seed"], method=options["method"], max_nfev=options["max_nfev"],
-                       resample_failed_starts=10, hierarchical=options["hierarchical"])  # fmt: skip
+                       resample_failed_starts=10, hierarchical=options["hierarchical"],
+                       platform=default_backend(client))  # fmt: skip
     campaign = run_starts(plan, None, execution="dask", client=client, progress=options["progress"])
     try:
         return plan.lowered, fit_of(plan, campaign, seconds=time.perf_counter() - t0)

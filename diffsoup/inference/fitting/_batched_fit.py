@@ -46,6 +46,7 @@ import math
 import time
 from typing import Any, NamedTuple, Sequence
 
+import jax
 import numpy as np
 
 from ..objective._abstract_lowered import AbstractLoweredStudy
@@ -123,7 +124,7 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
               *, seed: int, first: int = 0, first_drawn: int = 0, attempts: int = 0, progress: bool = False,
               analytic: Any = None) -> Block:  # fmt: skip
     """The batched phase alone: every start of ``points`` run to its end, ``optimizer.lanes`` at a
-    time (no polish). ``fit`` runs all its starts as one block; a multistart campaign
+    time (None: as many as :meth:`BatchedTrustRegion.lanes_on` gives for ``low``'s platform; no polish). ``fit`` runs all its starts as one block; a multistart campaign
     (``multistart(method="batched")``) runs each block of starts as a task, on a worker.
 
     Args:
@@ -148,6 +149,7 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
         point that failed to solve ends with objective ``inf`` at its start point), and the
         :class:`~diffsoup.inference.LaneStatus` name that ended each.
     """
+    optimizer = dataclasses.replace(optimizer, lanes=optimizer.lanes_on(lowered_platform(low)))
     scale, offset = float(low.scale), float(low.offset)
     max_steps = lane_step_budget(low, optimizer)
     noise = LaneNoise.of(low, analytic)
@@ -200,6 +202,14 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
                           + notes[i], e.evaluations, e.accepted, e.seconds, (), e.resampled)
               for i, e in enumerate(run.results)]  # fmt: skip
     return Block(starts, tuple(e.status.name for e in run.results))
+
+
+def lowered_platform(low: AbstractLoweredStudy) -> str:
+    """The JAX platform a lowered study's programs run on by default (``"gpu"``, ``"cpu"``): a
+    ``LoweredStudy``'s placement, else (a study evaluated elsewhere, through Dask) JAX's default
+    backend here."""
+    platform = getattr(low, "platform", None)
+    return platform if isinstance(platform, str) else jax.default_backend()
 
 
 def lane_step_budget(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion) -> int | None:

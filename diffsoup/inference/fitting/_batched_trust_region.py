@@ -47,6 +47,14 @@ from ._trust_region_reflective import LaneState, LaneStatus, empty_lanes, lane_s
 # start needs more than 64 (26 converged either way).
 EXPLORE_EVALUATIONS = 100
 
+# The lanes of a program when none are given (``BatchedTrustRegion.lanes``). On a GPU the lanes of a
+# program cost little more than one (an iteration is a chain of kernels whose latency every lane
+# shares): one H200 fitted Bruno at 7.6 converged starts per second with 512 lanes and 15.1 with
+# 1,000 (benchmarks/bench_fits.py), where 16 lanes would leave the device nearly idle. On a CPU the
+# lanes' evaluations run one after the other, and 16 keep the refill's bookkeeping small.
+GPU_LANES = 1024
+CPU_LANES = 16
+
 # The lanes' step budget per experiment solve when none is given (``BatchedTrustRegion.max_steps``):
 # this many times the most steps an experiment takes at the problem's nominal point, at least
 # EXPLORE_STEPS_FLOOR, at most the study's own ``max_steps``. On a GPU the lanes run in lock-step, so
@@ -67,7 +75,9 @@ class BatchedTrustRegion(AbstractOptimizer):
     :mod:`diffsoup.inference.fitting._trust_region_reflective`).
 
     Attributes:
-        lanes: starts advanced together (the program's lane count; fewer if fewer starts).
+        lanes: starts advanced together (the program's lane count; fewer if fewer starts). None:
+            :data:`GPU_LANES` (1,024) where the lowered study runs on a GPU, :data:`CPU_LANES`
+            (16) elsewhere (:meth:`lanes_on`).
         refill: give a lane whose start ended the next start at once (True), or wait until every
             lane's start has ended and fill them all (False: batches of ``lanes`` starts).
         max_evaluations: most evaluations per start (its start point's included); None:
@@ -98,7 +108,7 @@ class BatchedTrustRegion(AbstractOptimizer):
     """
 
     name: ClassVar[str] = "batched"
-    lanes: int = 16
+    lanes: int | None = None
     refill: bool = True
     max_evaluations: int | None = None
     ftol: float = 1e-8
@@ -113,8 +123,8 @@ class BatchedTrustRegion(AbstractOptimizer):
     polish_method: Any = None
 
     def __post_init__(self):
-        counts = ("lanes", "max_failed_in_a_row", "stall_window")
-        optional = tuple(f for f in ("max_evaluations", "max_steps") if getattr(self, f) is not None)
+        counts = ("max_failed_in_a_row", "stall_window")
+        optional = tuple(f for f in ("lanes", "max_evaluations", "max_steps") if getattr(self, f) is not None)
         for field in counts + optional:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -129,6 +139,13 @@ class BatchedTrustRegion(AbstractOptimizer):
         if self.polish_method is not None and not isinstance(self.polish_method, AbstractOptimizer):
             raise TypeError("BatchedTrustRegion: polish_method must be an optimizer object such as "
                             f"ds.inference.Fides(), not {type(self.polish_method).__name__}.")  # fmt: skip
+
+    def lanes_on(self, platform: str) -> int:
+        """The lanes of a program on ``platform`` (a JAX platform name: ``"gpu"``, ``"cpu"``):
+        ``lanes`` where given, else :data:`GPU_LANES` on a GPU and :data:`CPU_LANES` elsewhere."""
+        if self.lanes is not None:
+            return int(self.lanes)
+        return GPU_LANES if platform == "gpu" else CPU_LANES
 
     def budget(self, k: int) -> int:
         """Most evaluations per start for ``k`` free coordinates."""
@@ -237,7 +254,7 @@ def run_lanes(optimizer: BatchedTrustRegion, evaluate: Callable, starts: Any, lo
     N, k = starts.shape
     lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
     attempts = np.broadcast_to(np.asarray(attempts, dtype=np.int64), (N,))
-    L = max(1, min(int(optimizer.lanes), N))
+    L = max(1, min(optimizer.lanes_on(jax.default_backend()), N))
     step = _step_program(optimizer.options(k))
     state = empty_lanes(L, k)
     owner = np.full(L, -1, dtype=np.int64)
