@@ -124,7 +124,8 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
               *, seed: int, first: int = 0, first_drawn: int = 0, attempts: int = 0, progress: bool = False,
               analytic: Any = None) -> Block:  # fmt: skip
     """The batched phase alone: every start of ``points`` run to its end, ``optimizer.lanes`` at a
-    time (None: as many as :meth:`BatchedTrustRegion.lanes_on` gives for ``low``'s platform; no polish). ``fit`` runs all its starts as one block; a multistart campaign
+    time (None: as many as :meth:`BatchedTrustRegion.lanes_on` gives for ``low``'s platform; no
+    polish). ``fit`` runs all its starts as one block; a multistart campaign
     (``multistart(method="batched")``) runs each block of starts as a task, on a worker.
 
     Args:
