@@ -7,13 +7,6 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
-# The suite compiles some thousands of programs and runs most of them a few times: XLA's CPU backend
-# without LLVM's optimization passes compiles them faster than the programs lose in speed (the
-# sensitivity, BDF and method tests: 234 s against 277 s on 2 cores). No fast-math either way, so
-# the arithmetic is IEEE's at any level. Set before JAX starts, and inherited by the commands, Dask
-# workers and Slurm jobs the tests start; a level given in XLA_FLAGS is kept.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 # The suite's caches (generated model code, window starts) go to a folder of its own, removed at
 # the end, never the user's ~/.cache/diffsoup.
 if "DIFFSOUP_CACHE_DIR" not in os.environ:
