@@ -92,37 +92,29 @@ def _code_lines(program: dict) -> list[str]:
     return [line for line in program["source"].splitlines() if not re.fullmatch(r"# \S+:\d+", line)]
 
 
-def distinct_programs(found: list[dict]) -> tuple[list[dict], dict[str, str]]:
-    """The programs to run, and each one left out mapped to the program that runs it: a program of
-    the same kind whose lines are the first lines of an earlier one (the getting-started page
-    repeats the README's first study commands) runs as part of that one."""
+def distinct_programs(found: list[dict]) -> list[dict]:
+    """The programs to run: a program of the same kind whose lines are the first lines of an earlier
+    one (the getting-started page repeats the README's first study commands) runs as part of that one."""
     run: list[dict] = []
-    covered: dict[str, str] = {}
     for program in found:
         lines = _code_lines(program)
-        cover = next((p for p in run if p["kind"] == program["kind"] and _code_lines(p)[:len(lines)] == lines), None)
-        if cover is None:
+        if not any(p["kind"] == program["kind"] and _code_lines(p)[:len(lines)] == lines for p in run):
             run.append(program)
-        else:
-            covered[program["name"]] = cover["name"]
-    return run, covered
+    return run
 
 
 def test_a_block_repeating_the_start_of_another_runs_once():
     first = programs("```bash\ndiffsoup check s.toml\ndiffsoup fit s.toml\ncat x\n```\n", "README.md")
     again = programs("t\n```bash\ndiffsoup check s.toml\ndiffsoup fit s.toml\n```\n```bash\ndiffsoup fit s.toml\n```\n"
                      "```python\ndiffsoup check s.toml\n```\n", "docs/x.md")  # fmt: skip
-    run, covered = distinct_programs(first + again)
-    assert [p["name"] for p in run] == ["README.md:2", "docs/x.md:7", "docs/x.md:10"]
-    assert covered == {"docs/x.md:3": "README.md:2"}
+    assert [p["name"] for p in distinct_programs(first + again)] == ["README.md:2", "docs/x.md:7", "docs/x.md:10"]
 
 
 def _all_programs() -> list:
     found = [program for page in PAGES
              for program in programs(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix())]  # fmt: skip
-    run, _ = distinct_programs(found)
     return [pytest.param(program, id=program["name"], marks=[pytest.mark.slow] if program["slow"] else [])
-            for program in run]  # fmt: skip
+            for program in distinct_programs(found)]  # fmt: skip
 
 
 PROGRAMS = _all_programs()

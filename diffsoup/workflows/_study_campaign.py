@@ -191,7 +191,7 @@ def campaign_study(study: Any, out: Any, *, client: Any = None, starts: int | No
                        method=_optimizer(settings), max_nfev=settings["max_nfev"], resample_failed_starts=0,
                        hierarchical=settings["hierarchical"], ledger_path=ledger if resume else None,
                        tags={"study_digest": digest, "hierarchical": settings["hierarchical"]},
-                       platform=default_backend(client))  # fmt: skip
+                       platform=default_backend(client) if settings["method"] == "batched" else None)  # fmt: skip
     lowered, items = plan.lowered, plan.items
     log(f"[diffsoup] campaign on {sf.name}: {_tasks_label(plan)} ({_method_label(settings)}), "
         f"ledger {ledger}, {'on ' + _describe(client) if client is not None else 'in this process'}")  # fmt: skip
