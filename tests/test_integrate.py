@@ -321,6 +321,31 @@ def test_reaction_network_validation():
     np.testing.assert_array_equal(net.stoichiometry, [[-1, 1, 1, 0], [1, -1, 0, -1]])
 
 
+def test_network_fluxes_against_the_rate_laws_written_out():
+    """Mass-action fluxes (orders 1, 2, 3 and 0.5, a source, reversible pairs) and a user rate
+    law, in reaction order, against each law written out by hand; the fluxes' Jacobian against
+    its closed form; a negative concentration under a fractional order stays out of the other
+    reactions' fluxes."""
+    hill = lambda t, c, p: p["v"] * c["A"] / (p["km"] + c["A"])  # noqa: E731
+    net = ds.ReactionNetwork(
+        ["A", "B", "C"],
+        [("A + B -> C", "k1"), ("-> A", "s"), ("2 B <-> C", ("kf", "kb")), ("A -> B", hill),
+         ("3 A -> 0", "k3"), ("0.5 C -> A", "kh")],
+        {"k1": 2.0, "s": 0.3, "kf": 1.5, "kb": 0.7, "k3": 0.2, "kh": 0.9, "v": 4.0, "km": 0.5},
+    )  # fmt: skip
+    p = {k: jnp.asarray(v) for k, v in net.parameters.items()}
+    a, b, c = 1.3, 0.6, 2.2
+    expected = [2.0 * a * b, 0.3, 1.5 * b * b, 0.7 * c, 4.0 * a / (0.5 + a), 0.2 * a**3, 0.9 * np.sqrt(c)]
+    y = jnp.array([a, b, c])
+    np.testing.assert_allclose(np.asarray(net.fluxes(0.0, y, p)), expected, rtol=1e-15)
+    jac = np.asarray(jax.jacfwd(lambda y: net.fluxes(0.0, y, p))(y))
+    np.testing.assert_allclose(jac, [[2.0 * b, 2.0 * a, 0], [0, 0, 0], [0, 3.0 * b, 0], [0, 0, 0.7],
+                                     [4.0 * 0.5 / (0.5 + a) ** 2, 0, 0], [0.6 * a**2, 0, 0],
+                                     [0, 0, 0.45 / np.sqrt(c)]], rtol=1e-14, atol=1e-300)  # fmt: skip
+    flux = np.asarray(net.fluxes(0.0, jnp.array([a, b, -1.0]), p))
+    assert np.isnan(flux[6]) and np.all(np.isfinite(flux[:6]))
+
+
 def test_outputs_a_failed_solve_never_reached_are_nan(rober_problem):
     # Issue 18 item 5: 0.0 after a failure read as a plausible value.
     sol = ds.simulate(rober_problem, t_eval=[1e-3, 1e3, 1e11], rtol=1e-8, atol=1e-12, max_steps=40, throw=False)

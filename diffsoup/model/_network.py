@@ -65,6 +65,61 @@ def parse_reaction(equation: str) -> tuple[tuple, tuple, bool]:
     return _side(left, equation), _side(right, equation), reversible
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _MassActionTable:
+    """The mass-action reactions of a network as index arrays: flux ``k * prod(c_i ** nu_i)`` is
+    ``k`` times the product over a row's factors, each factor a gathered concentration (a
+    reactant of integer order ``nu`` is ``nu`` factors of power 1, as ``c * c`` is exact where
+    ``c ** 2`` goes through ``pow``), the rows padded with a concentration of 1."""
+
+    rows: np.ndarray  # indices of the mass-action reactions
+    rates: tuple[str, ...]  # their rate parameters
+    factors: np.ndarray  # (rows, most factors) species index; n_species pads (the appended 1)
+    powers: np.ndarray  # (rows, most factors) power of each factor (1 but for fractional orders)
+    user_rows: tuple[int, ...]  # reactions with a rate law of their own
+    order: np.ndarray  # reaction j's flux sits at order[j] of [mass action..., user laws...]
+
+    @classmethod
+    def of(cls, reactions, index) -> "_MassActionTable":
+        pad = len(index)
+        rows, rates, factor_rows, user_rows = [], [], [], []
+        for j, rxn in enumerate(reactions):
+            if callable(rxn.rate):
+                user_rows.append(j)
+                continue
+            factors = []
+            for s, c in rxn.reactants:
+                whole = float(c).is_integer()
+                factors += [(index[s], 1.0)] * int(c) if whole else [(index[s], float(c))]
+            rows.append(j)
+            rates.append(rxn.rate)
+            factor_rows.append(factors)
+        width = max((len(f) for f in factor_rows), default=0)
+        factors = np.full((len(rows), width), pad, dtype=np.int32)
+        powers = np.ones((len(rows), width))
+        for r, row in enumerate(factor_rows):
+            for k, (i, nu) in enumerate(row):
+                factors[r, k], powers[r, k] = i, nu
+        order = np.empty(len(reactions), dtype=np.int32)
+        order[rows + user_rows] = np.arange(len(reactions))
+        return cls(np.asarray(rows, np.int32), tuple(rates), factors, powers, tuple(user_rows), order)
+
+    def fluxes(self, y, p):
+        k = jnp.stack([jnp.asarray(p[name], y.dtype) for name in self.rates])
+        padded = jnp.concatenate([y, jnp.ones((1,), y.dtype)])
+        flux = k
+        for column in range(self.factors.shape[1]):  # left to right, as k * c_a * c_b is written
+            c = padded[self.factors[:, column]]
+            fractional = self.powers[:, column] != 1.0
+            if fractional.any():
+                # Only the fractional entries go through pow (1 elsewhere, so no NaN of a negative
+                # concentration to a power reaches a gradient through the unselected branch).
+                powered = jnp.where(fractional, c, 1.0) ** jnp.asarray(self.powers[:, column], y.dtype)
+                c = jnp.where(fractional, powered, c)
+            flux = flux * c
+        return flux
+
+
 class ReactionNetwork:
     """A chemical reaction network that builds a :class:`ProblemSpec`.
 
@@ -127,24 +182,20 @@ class ReactionNetwork:
                 self.stoichiometry[index[s], j] -= c
             for s, c in rxn.products:
                 self.stoichiometry[index[s], j] += c
+        self._mass_action = _MassActionTable.of(self.reactions, index)
 
     def fluxes(self, t, y, p):
-        """Reaction fluxes at concentrations ``y``."""
-        index = {s: i for i, s in enumerate(self.species)}
-        conc = None
-        out = []
-        for rxn in self.reactions:
-            if callable(rxn.rate):
-                if conc is None:
-                    conc = {s: y[i] for s, i in index.items()}
-                out.append(jnp.asarray(rxn.rate(t, conc, p), y.dtype))
-                continue
-            flux = p[rxn.rate]
-            for s, c in rxn.reactants:
-                yi = y[index[s]]
-                flux = flux * (yi if c == 1.0 else (yi * yi if c == 2.0 else yi**c))
-            out.append(jnp.asarray(flux, y.dtype))
-        return jnp.stack(out)
+        """Reaction fluxes at concentrations ``y``: the mass-action ones as one gather and a few
+        array products (not one small expression per reaction: the programs stay small and a
+        lane's fluxes are one array, not a stack of scalars), user rate laws one by one."""
+        table = self._mass_action
+        fluxes = table.fluxes(y, p) if table.rows.size else jnp.zeros((0,), y.dtype)
+        if table.rows.size == len(self.reactions):
+            return fluxes
+        conc = {s: y[i] for i, s in enumerate(self.species)}
+        laws = [jnp.asarray(self.reactions[j].rate(t, conc, p), y.dtype) for j in table.user_rows]
+        # Mass-action fluxes first, then the user rate laws: put back in reaction order.
+        return jnp.concatenate([fluxes, jnp.stack(laws)])[table.order]
 
     def rhs(self, t, y, p):
         """``dy/dt = S @ fluxes``."""
