@@ -69,8 +69,9 @@ def parse_reaction(equation: str) -> tuple[tuple, tuple, bool]:
 class _MassActionTable:
     """The mass-action reactions of a network as index arrays: flux ``k * prod(c_i ** nu_i)`` is
     ``k`` times the product over a row's factors, each factor a gathered concentration (a
-    reactant of integer order ``nu`` is ``nu`` factors of power 1, as ``c * c`` is exact where
-    ``c ** 2`` goes through ``pow``), the rows padded with a concentration of 1."""
+    reactant of integer order ``nu`` is ``nu`` factors of power 1: exact products, where one array
+    of per-row exponents would send every entry through ``pow``), the rows padded with a
+    concentration of 1."""
 
     rows: np.ndarray  # indices of the mass-action reactions
     rates: tuple[str, ...]  # their rate parameters
