@@ -279,10 +279,10 @@ def multistart(
             one task (``block-0000``, ...), run as the optimizer's lanes on one worker; None: the
             optimizer's ``lanes`` (where None too: 1,024 when the study lowered here runs on a GPU,
             else 16; give it for GPU workers driven from a CPU). Part of each block's item: a rerun
-            with another value (or another seed) is a ledger conflict naming it; a rerun with more starts keeps the
-            accepted blocks (a partial last one too) and adds blocks after them. The host then
-            polishes the best distinct optima of all blocks with fides (in this process, with
-            ``hierarchical``'s parameters).
+            with another value (or another seed) is a ledger conflict naming it; a rerun with more
+            starts keeps the accepted blocks (a partial last one too) and adds blocks after them. The
+            host then polishes the best distinct optima of all blocks with fides (in this process,
+            with ``hierarchical``'s parameters).
 
     Returns:
         The :class:`~diffsoup.inference.FitResult` of the finished starts (for ``"batched"``:

@@ -73,8 +73,7 @@ class _MassActionTable:
     of per-row exponents would send every entry through ``pow``), the rows padded with a
     concentration of 1."""
 
-    rows: np.ndarray  # indices of the mass-action reactions
-    rates: tuple[str, ...]  # their rate parameters
+    rates: tuple[str, ...]  # the rate parameters of the mass-action reactions
     factors: np.ndarray  # (rows, most factors) species index; n_species pads (the appended 1)
     powers: np.ndarray  # (rows, most factors) power of each factor (1 but for fractional orders)
     user_rows: tuple[int, ...]  # reactions with a rate law of their own
@@ -103,7 +102,7 @@ class _MassActionTable:
                 factors[r, k], powers[r, k] = i, nu
         order = np.empty(len(reactions), dtype=np.int32)
         order[rows + user_rows] = np.arange(len(reactions))
-        return cls(np.asarray(rows, np.int32), tuple(rates), factors, powers, tuple(user_rows), order)
+        return cls(tuple(rates), factors, powers, tuple(user_rows), order)
 
     def fluxes(self, y, p):
         k = jnp.stack([jnp.asarray(p[name], y.dtype) for name in self.rates])
@@ -190,8 +189,8 @@ class ReactionNetwork:
         array products (not one small expression per reaction: the programs stay small and a
         lane's fluxes are one array, not a stack of scalars), user rate laws one by one."""
         table = self._mass_action
-        fluxes = table.fluxes(y, p) if table.rows.size else jnp.zeros((0,), y.dtype)
-        if table.rows.size == len(self.reactions):
+        fluxes = table.fluxes(y, p) if table.rates else jnp.zeros((0,), y.dtype)
+        if not table.user_rows:
             return fluxes
         conc = {s: y[i] for i, s in enumerate(self.species)}
         laws = [jnp.asarray(self.reactions[j].rate(t, conc, p), y.dtype) for j in table.user_rows]
