@@ -136,14 +136,15 @@ def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
 
 def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | None = None,
                    hessians=(DEFAULT_HESSIAN,), reused: dict | None = None, lanes: int | None = None,
-                   polish: int | None = None, progress: bool = False) -> dict:  # fmt: skip
+                   polish: int | None = None, progress: bool = False, polish_unfinished: int | None = None) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
     once per Hessian in ``hessians``; with ``hierarchical="all"``, each also with
     ``fit(hierarchical=True)`` (labelled "M hierarchical"), with ``"noise"`` with the noise levels
     that qualify named (labelled "M noise levels analytic"; not run where none does). Rows in
     ``reused`` (label -> an earlier run's row, :func:`earlier_diffsoup`) are taken, not run. ``lanes``:
-    the batched method's starts per program and ``polish`` its optima finished by fides (None:
-    ``BatchedTrustRegion``'s defaults); ``progress``: the fits' progress bars (on stderr), so that a
+    the batched method's starts per program, ``polish`` its optima finished by fides and
+    ``polish_unfinished`` the unconverged ones finished past those (None: ``BatchedTrustRegion``'s
+    defaults); ``progress``: the fits' progress bars (on stderr), so that a
     run cut short still shows how far its fits came."""
     import diffsoup as ds
 
@@ -169,7 +170,8 @@ def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | Non
             continue
         # Compile what the method evaluates (one start, two evaluations), timed apart.
         t, c = time.perf_counter(), time.process_time()
-        batched = {k: int(v) for k, v in (("lanes", lanes), ("polish", polish)) if v is not None}
+        batched = {k: int(v) for k, v in (("lanes", lanes), ("polish", polish), ("polish_unfinished", polish_unfinished))
+                   if v is not None}  # fmt: skip
         if method == "batched":  # its program of as many lanes as the fit runs, and the polish's (fides)
             n_lanes = ds.inference.BatchedTrustRegion(**batched).lanes_on(lowered.platform)
             ds.inference.fit(lowered, method=ds.inference.BatchedTrustRegion(max_evaluations=2, **{**batched, "polish": 0}),
@@ -388,6 +390,8 @@ def main() -> None:
                         "targets judge; the others are labelled 'fides H')")  # fmt: skip
     parser.add_argument("--lanes", type=int, help="starts per program of the batched method (default: its own)")
     parser.add_argument("--polish", type=int, help="distinct optima the batched method finishes with fides (default: its own)")
+    parser.add_argument("--polish-unfinished", type=int,
+                        help="unconverged optima below every converged one it finishes as well (default: its own)")
     parser.add_argument("--seed", type=int, default=0, help="of the Latin hypercube start points")
     parser.add_argument("--amici-python", default=None, help=f"interpreter with pyPESTO, fides and AMICI (default {AMICI_VENV_PYTHON})")
     parser.add_argument("--no-amici", action="store_true", help="diffsoup only")
@@ -432,7 +436,8 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         reused = earlier_diffsoup(args.reuse_diffsoup, earlier_ours, name, points) if args.reuse_diffsoup else {}
-        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish, args.progress)
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish, args.progress,
+                           args.polish_unfinished)  # fmt: skip
         p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)

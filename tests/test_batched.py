@@ -15,7 +15,7 @@ from scipy.optimize import least_squares, lsq_linear
 
 import diffsoup as ds
 from diffsoup.inference import BatchedTrustRegion, LaneStatus
-from diffsoup.inference.fitting._batched_fit import distinct_optima
+from diffsoup.inference.fitting._batched_fit import distinct_optima, polish_heads
 from diffsoup.inference.fitting._batched_trust_region import run_lanes
 from diffsoup.inference.fitting._starts import start_points
 
@@ -165,6 +165,35 @@ def test_distinct_optima_cluster_by_objective_and_point():
     assert groups == [[0, 1], [2], [3]]
 
 
+def test_polish_heads_add_unconverged_ends_only_below_every_converged_end():
+    """Past the ``polish`` best optima, up to ``unfinished`` more are polished: those whose start
+    did not converge in the lanes, below the best converged end (none where a converged end is the
+    best); an objective within CONVERGED of one already chosen is polished once."""
+
+    def ends(objectives, converged):
+        return [ds.inference.StartResult(np.zeros(1), np.array([float(i)]), f, i in converged, "", 1, 1, 0.0, ())
+                for i, f in enumerate(objectives)]  # fmt: skip
+
+    def heads(starts, polish, unfinished):
+        groups = distinct_optima([s.objective for s in starts], np.stack([s.x for s in starts]), np.array([-np.inf]),
+                                 np.array([np.inf]))  # fmt: skip
+        return polish_heads(starts, groups, polish, unfinished)
+
+    # Weber-like: the best ends all spent their budget; the first converged end is start 7 (20.0).
+    weber = ends([10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 20.0, 21.0, 17.0], converged={7})
+    assert heads(weber, 3, 2) == [0, 1, 2, 3, 4]
+    assert heads(weber, 3, 8) == [0, 1, 2, 3, 4, 5, 6, 9]  # start 9 (17.0) is below 20.0; 20.0 stops it
+    assert heads(weber, 3, 0) == [0, 1, 2] and heads(weber, 0, 8) == []
+    # Boehm-like: a converged end is the best: the polish count stays.
+    boehm = ends([10.0, 11.0, 12.0, 13.0, 14.0], converged={0})
+    assert heads(boehm, 3, 8) == [0, 1, 2]
+    # No converged end at all: every unconverged end may be polished.
+    assert heads(ends([1.0, 2.0, 3.0], converged=set()), 1, 8) == [0, 1, 2]
+    # A flat valley: 10.0005 at another point is 10's objective; polished once, not counted.
+    valley = ends([10.0, 10.0005, 12.0, 13.0], converged=set())
+    assert heads(valley, 2, 1) == [0, 2, 3]
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="lanes=0 must be a positive integer"):
         BatchedTrustRegion(lanes=0)
@@ -172,6 +201,8 @@ def test_options_are_checked():
         BatchedTrustRegion(ftol=-1.0)
     with pytest.raises(TypeError, match="polish_method"):
         BatchedTrustRegion(polish_method="fides")
+    with pytest.raises(ValueError, match="polish_unfinished=-1 must be a non-negative integer"):
+        BatchedTrustRegion(polish_unfinished=-1)
     assert ds.inference.fit.__module__ == "diffsoup.inference.fitting._fit"
     from diffsoup.inference.fitting._fit import optimizer_of
 
@@ -276,6 +307,21 @@ def test_fit_batched_with_polish_reaches_what_fides_finds(decay):
     assert batched.objective == pytest.approx(fides.objective, abs=1e-8)
     np.testing.assert_allclose(batched.theta, fides.theta, atol=1e-5)
     assert "polished by fides" in batched.starts[batched.best].message
+
+
+def test_fit_polishes_unconverged_ends_past_the_polish_count(decay):
+    """Lanes stopped by their budget (2 evaluations) converge nowhere: ``polish=1`` with
+    ``polish_unfinished=2`` finishes three distinct ends, and each polished end is at least as low as
+    its batched end (its budget spent)."""
+    options = BatchedTrustRegion(lanes=4, max_evaluations=2, polish=1, polish_unfinished=2)
+    batched = ds.inference.fit(decay, method=options, starts=4, seed=1)
+    alone = ds.inference.fit(decay, method=dataclasses.replace(options, polish=0), starts=4, seed=1)
+    polished = [i for i, s in enumerate(batched.starts) if "polished by fides" in s.message]
+    assert len(polished) == 3 and all(not s.success for s in alone.starts)
+    assert sorted(polished) == sorted(np.argsort([s.objective for s in alone.starts])[:3].tolist())
+    for i in polished:
+        assert batched.starts[i].objective <= alone.starts[i].objective
+        assert batched.starts[i].n_evaluations > alone.starts[i].n_evaluations == 2
 
 
 def test_polishes_in_threads_equal_them_one_after_the_other_and_compile_each_program_once(caplog):

@@ -7,6 +7,7 @@ a worker process dies in the middle of a block ends with the same best as the se
 rerun from its ledger runs nothing and gives that best again. The command: ``--method batched``
 for ``fit`` and ``campaign``, and ``--method auto``."""
 
+import dataclasses
 import json
 import os
 
@@ -124,6 +125,20 @@ def test_another_block_size_or_seed_is_a_ledger_conflict_naming_it(decay, tmp_pa
         multistart(decay, starts=4, seed=0, method=OPTIONS, starts_per_block=4, ledger_path=ledger)
     with pytest.raises(LedgerConflictError, match=r"block-0000 ran with seed 0, now 1"):
         multistart(decay, starts=4, seed=1, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
+    # The polish acts on the host after the blocks: another polish count reruns none of them, and
+    # polishes the ends as a fresh run with it does. No polish at all is another default budget.
+    ledger = tmp_path / "polish.json"
+    multistart(decay, starts=4, seed=0, method=dataclasses.replace(OPTIONS, polish=1), starts_per_block=2, ledger_path=ledger)
+    before = json.loads(ledger.read_text())["tasks"]
+    polishing = dataclasses.replace(OPTIONS, polish=2, polish_unfinished=1)
+    polished = multistart(decay, starts=4, seed=0, method=polishing, starts_per_block=2, ledger_path=ledger)
+    after = json.loads(ledger.read_text())["tasks"]
+    assert all(after[b]["attempts"] == 1 and after[b]["result"] == before[b]["result"] for b in before)
+    fresh = multistart(decay, starts=4, seed=0, method=polishing, starts_per_block=2)
+    assert polished.objective == pytest.approx(fresh.objective, abs=1e-10)
+    assert [("polished by" in s.message) for s in polished.starts] == [("polished by" in s.message) for s in fresh.starts]
+    with pytest.raises(LedgerConflictError, match=r"block-0000 ran with optimizer .*polished=True.*now .*polished=False"):
+        multistart(decay, starts=4, seed=0, method=OPTIONS, starts_per_block=2, ledger_path=ledger)
     with pytest.raises(ValueError, match="starts_per_block=0 must be a positive count"):
         multistart(decay, starts=4, method=OPTIONS, starts_per_block=0)
     with pytest.raises(ValueError, match="starts_per_block=2 applies to method='batched'"):

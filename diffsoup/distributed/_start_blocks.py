@@ -6,9 +6,11 @@ start ``i`` depends on ``(seed, i)`` alone) are cut into blocks of ``starts_per_
 the optimizer's lanes on the platform the blocks run on: 1,024 on a GPU, 16 elsewhere, where the
 optimizer names none); block ``b`` holds starts ``b * starts_per_block`` onwards and is the
 task ``block-0000``, ``block-0001``, ... of a ``checkpointed_map`` campaign. Its item holds the
-range (``first``, ``count``), the seed, ``starts_per_block``, the optimizer with its options and a
+range (``first``, ``count``), the seed, ``starts_per_block``, the optimizer's lane settings
+(:meth:`~diffsoup.inference.BatchedTrustRegion.lane_settings`: its options but the polish's) and a
 digest of the block's start points, so a rerun with the same settings resumes (finished blocks are
-kept), and a rerun with another seed, block size, optimizer or study is a ledger conflict.
+kept; another ``polish`` polishes anew), and a rerun with another seed, block size, lane setting or
+study is a ledger conflict.
 
 A task (:class:`BlockTask`) lowers the study once per process (the cache of lowered studies,
 :mod:`._lowered_cache`), runs the batched phase over its block
@@ -136,7 +138,7 @@ def recorded_blocks(ledger_path: Any, *, seed: int, starts_per_block: int, optim
         record = ledger.get(block_task_id(b))
         result = record.get("result") if record and record.get("state") == "accepted" else None
         if not isinstance(result, Mapping) or (result.get("seed"), result.get("starts_per_block"),
-                                               result.get("optimizer")) != (seed, starts_per_block, repr(optimizer)):
+                                               result.get("optimizer")) != (seed, starts_per_block, optimizer.lane_settings()):
             break
         indices = [int(r["index"]) for r in result.get("starts", [])]
         if not indices or indices != list(range(first, first + len(indices))):
@@ -163,7 +165,7 @@ def block_items(lowered: AbstractLoweredStudy, optimizer: BatchedTrustRegion, *,
         else:
             count = min(starts_per_block, starts - first)
         items.append({"task_id": block_task_id(b), "block": b, "first": first, "count": count, "seed": int(seed),
-                      "starts_per_block": starts_per_block, "optimizer": repr(optimizer),
+                      "starts_per_block": starts_per_block, "optimizer": optimizer.lane_settings(),
                       "points": points_digest(points[first : first + count]),
                       "resample_failed_starts": int(resample_failed_starts),
                       **({"analytic": list(analytic)} if analytic else {}), **tags})  # fmt: skip

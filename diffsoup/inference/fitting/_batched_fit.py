@@ -18,7 +18,8 @@ distinct end points finished by fides.
    (``SAME_POINT`` in theta's units where a bound is infinite).
 3. **Polish.** The best end point of each of the ``polish`` best optima of distinct objectives (an
    optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped:
-   on Bruno three of 354.8693 were polished before) is finished, all of them at the same time (one
+   on Bruno three of 354.8693 were polished before), and of up to ``polish_unfinished`` more whose
+   start did not converge in the lanes below every converged end (:func:`polish_heads`), is finished, all of them at the same time (one
    thread each: a polish's single-point programs leave the rest of the machine idle), by
    ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
    path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
@@ -235,9 +236,10 @@ def lane_step_budget(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion) -
 def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: Sequence[StartResult], *,
                 analytic: Any = None, progress: bool = False) -> tuple[list[StartResult], tuple[Optimum, ...]]:  # fmt: skip
     """Steps 2 and 3 of the module's docstring: the batched end states clustered into distinct
-    optima, the best end of each of the ``optimizer.polish`` best ones (of distinct objectives)
-    finished by ``optimizer.polish_method`` (fides by default, with ``analytic``), and the final
-    end states clustered again. The polishes run at the same time, one thread each
+    optima, the best end of each of the ``optimizer.polish`` best ones (of distinct objectives, and
+    of up to ``optimizer.polish_unfinished`` unconverged ones more: :func:`polish_heads`) finished
+    by ``optimizer.polish_method`` (fides by default, with ``analytic``), and the final end states
+    clustered again. The polishes run at the same time, one thread each
     (:func:`polish_points`); ``progress``: a progress bar over them.
 
     Returns:
@@ -248,15 +250,7 @@ def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts
     ends = np.stack([s.x for s in starts])
     groups = distinct_optima([s.objective for s in starts], ends, low.lower, low.upper)
     polisher = optimizer.polish_method if optimizer.polish_method is not None else Fides()
-    heads, levels = [], []  # heads: the starts to polish, the best of each optimum chosen
-    for group in groups:
-        if len(heads) == optimizer.polish:
-            break
-        objective = starts[group[0]].objective
-        if any(abs(objective - level) <= CONVERGED for level in levels):
-            continue  # the same objective at another point (a flat valley): polished once
-        levels.append(objective)
-        heads.append(group[0])
+    heads = polish_heads(starts, groups, optimizer.polish, optimizer.polish_unfinished)
     polished = polish_points(low, polisher, [starts[i].x for i in heads], analytic=analytic, progress=progress)
     for i, end in zip(heads, polished):
         head = starts[i]
@@ -272,6 +266,32 @@ def polish_ends(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts
     optima = tuple(Optimum(float(starts[g[0]].objective), np.asarray(starts[g[0]].x), tuple(g), g[0] in heads)
                    for g in final)  # fmt: skip
     return starts, optima
+
+
+def polish_heads(starts: Sequence[StartResult], groups: Sequence[Sequence[int]], polish: int,
+                 unfinished: int) -> list[int]:  # fmt: skip
+    """The starts to polish, given the batched end states and their distinct optima (``groups``,
+    best first, as :func:`distinct_optima` gives them): the best end of each of the ``polish`` best
+    optima, then (where ``polish > 0``) of up to ``unfinished`` more whose best end did not
+    converge in the lanes (``success`` False: its evaluations spent, or its solves failing) and lies
+    below every converged end. An optimum within ``CONVERGED`` in objective of one already chosen
+    (the same objective elsewhere in a flat valley) is skipped: polished once.
+
+    Returns:
+        The chosen starts' indices, best first.
+    """
+    below = min((s.objective for s in starts if s.success and math.isfinite(s.objective)), default=math.inf)
+    heads, levels, extra = [], [], 0
+    for group in groups:
+        head = starts[group[0]]
+        if len(heads) >= polish and (polish == 0 or extra == unfinished or head.objective >= below):
+            break
+        if any(abs(head.objective - level) <= CONVERGED for level in levels):
+            continue
+        extra += len(heads) >= polish  # below every converged end: a start that did not converge
+        levels.append(head.objective)
+        heads.append(group[0])
+    return heads
 
 
 def polish_points(low: AbstractLoweredStudy, polisher: Any, points: Sequence[np.ndarray], *, analytic: Any = None,
