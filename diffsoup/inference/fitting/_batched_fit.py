@@ -44,6 +44,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import os
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -59,7 +60,9 @@ from ._results import CONVERGED, FitResult, StartResult
 from ._run_start import run_start
 from ._starts import replacement_point
 
-# Most polishes run at once (:func:`polish_points`): each takes about one CPU core.
+# Polishes run at once (:func:`polish_points`), each taking about one CPU core: one thread per core,
+# and at least this many (a small machine's threads share its cores; the 11 polishes a budget-bound
+# problem gets by default then run in two rounds at most).
 POLISH_THREADS = 8
 SAME_POINT = 1e-2  # ends closer than this share of each coordinate's range (and within CONVERGED) are one optimum
 
@@ -295,8 +298,9 @@ def polish_heads(starts: Sequence[StartResult], groups: Sequence[Sequence[int]],
 
 
 def polish_points(low: AbstractLoweredStudy, polisher: Any, points: Sequence[np.ndarray], *, analytic: Any = None,
-                  progress: bool = False, threads: int = POLISH_THREADS) -> list[StartResult]:  # fmt: skip
-    """``run_start(low, polisher, x)`` from each of ``points``, at most ``threads`` at a time.
+                  progress: bool = False, threads: int | None = None) -> list[StartResult]:  # fmt: skip
+    """``run_start(low, polisher, x)`` from each of ``points``, at most ``threads`` at a time (None:
+    one per CPU core, at least :data:`POLISH_THREADS`).
 
     A polish is one start after another of single-point evaluations, each a short program that
     leaves most of the machine idle (one CPU core; on a GPU machine the host's CPU, see
@@ -316,6 +320,8 @@ def polish_points(low: AbstractLoweredStudy, polisher: Any, points: Sequence[np.
         bar = tqdm(total=len(points), desc=f"polish ({getattr(polisher, 'name', 'optimizer')})", unit="optimum",
                    dynamic_ncols=True)  # fmt: skip
     try:
+        if threads is None:
+            threads = max(POLISH_THREADS, os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(max(1, min(int(threads), len(points))),
                                                    thread_name_prefix="diffsoup-polish") as pool:  # fmt: skip
             futures = [pool.submit(run_start, low, polisher, x, analytic=analytic) for x in points]
