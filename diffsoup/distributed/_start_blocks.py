@@ -137,8 +137,10 @@ def recorded_blocks(ledger_path: Any, *, seed: int, starts_per_block: int, optim
     for b in range(len(ledger)):
         record = ledger.get(block_task_id(b))
         result = record.get("result") if record and record.get("state") == "accepted" else None
-        if not isinstance(result, Mapping) or (result.get("seed"), result.get("starts_per_block"),
-                                               result.get("optimizer")) != (seed, starts_per_block, optimizer.lane_settings()):
+        if not isinstance(result, Mapping):
+            break
+        if (result.get("seed"), result.get("starts_per_block"), result.get("optimizer")) != (
+                seed, starts_per_block, optimizer.lane_settings()):  # fmt: skip
             break
         indices = [int(r["index"]) for r in result.get("starts", [])]
         if not indices or indices != list(range(first, first + len(indices))):

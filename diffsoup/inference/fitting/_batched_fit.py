@@ -17,17 +17,18 @@ distinct end points finished by fides.
    criterion) and their coordinates by at most ``SAME_POINT`` of each bounded coordinate's range
    (``SAME_POINT`` in theta's units where a bound is infinite).
 3. **Polish.** The best end point of each of the ``polish`` best optima of distinct objectives (an
-   optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped:
-   on Bruno three of 354.8693 were polished before), and of up to ``polish_unfinished`` more whose
-   start did not converge in the lanes below every converged end (:func:`polish_heads`), is finished, all of them at the same time (one
-   thread each: a polish's single-point programs leave the rest of the machine idle), by
-   ``polish_method`` (fides with the Gauss-Newton Hessian by default, through ``fit``'s per-start
-   path ``run_start``, with ``fit``'s analytic parameters: by default the noise levels). That start's
-   result becomes the polished one (its evaluations, iterations and time added, its message
-   extended); the other starts keep their batched end state, and the final end states are
-   clustered again into ``optima``. A start counts as having reached an optimum by its own end
-   state only: an unpolished start that stopped in the basin of the best optimum (the batched
-   phase stops early on stalls, ``stall_rtol``) but more than 1e-3 above it is not counted there.
+   optimum within ``CONVERGED`` of one already polished, elsewhere in a flat valley, is skipped: on
+   Bruno three of 354.8693 were polished before), and of up to ``polish_unfinished`` more whose
+   start did not converge in the lanes, below every converged end (:func:`polish_heads`), is
+   finished, all of them at the same time (one thread each: a polish's single-point programs leave
+   the rest of the machine idle), by ``polish_method`` (fides with the Gauss-Newton Hessian by
+   default, through ``fit``'s per-start path ``run_start``, with ``fit``'s analytic parameters: by
+   default the noise levels). That start's result becomes the polished one (its evaluations,
+   iterations and time added, its message extended); the other starts keep their batched end state,
+   and the final end states are clustered again into ``optima``. A start counts as having reached an
+   optimum by its own end state only: an unpolished start that stopped in the basin of the best
+   optimum (the batched phase stops early on stalls, ``stall_rtol``) but more than 1e-3 above it is
+   not counted there.
 
 The phases are separate functions: :func:`run_block` (step 1 on a block of starts: ``fit`` runs
 all its starts as one block, ``multistart(method="batched")`` each block as a campaign task, on a

@@ -64,11 +64,11 @@ CPU_LANES = 16
 # Of those start points 0.3 % need more than 10x the nominal point's steps (Brannmark, Boehm, Weber
 # and Bruno: none), and a trial point that does fails as a failed solve does: its lane's radius
 # shrinks, or its start point is replaced.
-# The options that act after the lanes, on the host (:meth:`BatchedTrustRegion.lane_settings`).
-POLISH_FIELDS = ("polish", "polish_unfinished", "polish_method")
-
 EXPLORE_STEPS_FACTOR = 10
 EXPLORE_STEPS_FLOOR = 1_000
+
+# The options that act after the lanes, on the host (:meth:`BatchedTrustRegion.lane_settings`).
+POLISH_FIELDS = ("polish", "polish_unfinished", "polish_method")
 
 
 @dataclasses.dataclass(frozen=True)
