@@ -136,7 +136,7 @@ def method_variants(methods, hessians=(DEFAULT_HESSIAN,)) -> list:
 
 def bench_diffsoup(problem, points: np.ndarray, methods, hierarchical: str | None = None,
                    hessians=(DEFAULT_HESSIAN,), reused: dict | None = None, lanes: int | None = None,
-                   polish: int | None = None, progress: bool = False, polish_unfinished: int | None = None) -> dict:  # fmt: skip
+                   polish: int | None = None, polish_unfinished: int | None = None, progress: bool = False) -> dict:  # fmt: skip
     """Each method's fit from ``points`` on one lowered study (compiled once per program); fides
     once per Hessian in ``hessians``; with ``hierarchical="all"``, each also with
     ``fit(hierarchical=True)`` (labelled "M hierarchical"), with ``"noise"`` with the noise levels
@@ -436,8 +436,8 @@ def main() -> None:
         problem = load(name)
         points = start_points(problem.lower(), n_starts, args.seed)
         reused = earlier_diffsoup(args.reuse_diffsoup, earlier_ours, name, points) if args.reuse_diffsoup else {}
-        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, args.lanes, args.polish, args.progress,
-                           args.polish_unfinished)  # fmt: skip
+        d = bench_diffsoup(problem, points, args.methods, args.hierarchical, args.fides_hessians, reused, lanes=args.lanes,
+                           polish=args.polish, polish_unfinished=args.polish_unfinished, progress=args.progress)  # fmt: skip
         p = earlier_pypesto(args.reuse_pypesto, earlier, name, points) if args.reuse_pypesto else None
         if p is None:
             p = bench_pypesto(name, problem.theta_names, points, python)
