@@ -28,6 +28,7 @@ from diffsoup.inference import (
     Preequilibration,
     SolverOptions,
 )
+from diffsoup.inference.objective._problem import _prediction_program
 
 TIGHT = SolverOptions(rtol=1e-11, atol=1e-13, max_steps=4000)
 
@@ -438,8 +439,20 @@ def test_preequilibration_and_steady_state_times_against_the_closed_form():
     grad = jax.grad(lambda d: preequilibrated_nll(d))({k: jnp.asarray(x) for k, x in values.items()})
     exact = np.array([float(grad[n]) * values[n] * math.log(10.0) for n in problem.theta_names])
     assert _rel(g, exact) <= 1e-6, (g, exact)
-    pred = problem.predict(theta, points=3)
-    assert np.all(np.isfinite(pred["named"]["curve"])) and pred["named"]["curve_times"][-1] == 2.5
+    # Predictions: with curves longer than the measurements, the measurement times are padded to
+    # the curve's length (+inf, the steady state, repeated), one program per group runs both, and
+    # the values at the measurement times are those without curves, bit for bit.
+    programs = _prediction_program()
+    before = programs._cache_size()
+    plain = problem.predict(theta)
+    assert programs._cache_size() == before + len(problem.groups)
+    pred = problem.predict(theta, points=40)
+    assert programs._cache_size() == before + 2 * len(problem.groups)
+    for eid, rec in plain.items():
+        np.testing.assert_array_equal(pred[eid]["states"], rec["states"])
+        np.testing.assert_array_equal(pred[eid]["observables"], rec["observables"])
+    assert pred["named"]["curve"].shape[0] == 40 and np.all(np.isfinite(pred["named"]["curve"]))
+    assert pred["named"]["curve_times"][-1] == 2.5
 
 
 def test_study_with_core_features_matches_scipy():

@@ -313,26 +313,34 @@ class InferenceProblem:
 
     def _predicted_chunks(self, group: Group, theta, points: int = 0):
         """``(rows, states, observables, status, curve_times, curve)`` of the group's experiments,
-        ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape)."""
+        ``PREDICT_LANES`` at a time (a last, shorter chunk is padded: one program shape).
+
+        With curves, the measurement times and the curve's times are both padded to the longer of
+        the two with their last time (a repeated output time takes no step, so the values at the
+        measurement times are those of an unpadded solve): one program runs both, compiled once."""
         ops = self.operands()
         run = _prediction_program()
         terms = self.terms(group)
         members = member_array(group.members)
         lanes = min(PREDICT_LANES, members.size)
+        curves = points > 0 and not group.windows
         for a in range(0, members.size, lanes):
             rows = members[a : a + lanes]
             order = np.full(lanes, -1, dtype=np.int64)
             order[: rows.size] = rows
             arrs = self.pack(group, order)
-            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs))
+            m = arrs.times.shape[1]
+            width = max(m, points) if curves else m
+            ys, hs, status = jax.device_get(run(terms, theta, ops, arrs._replace(times=_pad_last(arrs.times, width))))
+            ys, hs = ys[:, :m], hs[:, :m]
             curve_t = curve = None
-            if points > 0 and not group.windows:
+            if curves:
                 # From t0 to the last finite time (+inf times are the steady state, not on the curve).
                 finite = np.where(np.isfinite(arrs.times), arrs.times, arrs.t0[:, None])
                 span = np.max(finite, axis=1, keepdims=True) - arrs.t0[:, None]
-                dense = arrs._replace(times=arrs.t0[:, None] + span * np.linspace(0.0, 1.0, points)[None, :])
-                _, curve, _ = jax.device_get(run(terms, theta, ops, dense))
-                curve_t, curve = dense.times[: rows.size], curve[: rows.size]
+                curve_t = arrs.t0[:, None] + span * np.linspace(0.0, 1.0, points)[None, :]
+                _, curve, _ = jax.device_get(run(terms, theta, ops, arrs._replace(times=_pad_last(curve_t, width))))
+                curve_t, curve = curve_t[: rows.size], curve[: rows.size, :points]
             yield rows, ys[: rows.size], hs[: rows.size], status[: rows.size], curve_t, curve
 
     def predict(self, theta, *, points: int = 0) -> dict:
@@ -398,6 +406,11 @@ class InferenceProblem:
 
     def __repr__(self) -> str:
         return f"InferenceProblem({self.study!r}, objective={self.objective!r}, theta={list(self.theta_names)})"
+
+
+def _pad_last(times: np.ndarray, width: int) -> np.ndarray:
+    """``(L, m)`` times padded to ``(L, width)`` with each row's last time."""
+    return np.concatenate([times, np.repeat(times[:, -1:], width - times.shape[1], axis=1)], axis=1)
 
 
 @functools.cache
