@@ -312,8 +312,51 @@ def test_lanes_in_lock_step_and_one_after_the_other_agree_and_auto_chooses_by_th
     # The first evaluation (value_and_grad) knew no step counts yet: lock-step; the later ones not.
     assert auto.lane_modes == {("value_and_grad", 0): "vmap", ("jacobian", 0): "map", ("hessian", 0): "map",
                                ("value", 0): "map"}  # fmt: skip
+    # The step counts were known before those modes' programs were first asked for: their lock-step
+    # programs were never compiled.
+    assert {(key.kind, key.lane_mode) for key in auto._compiled} == {
+        (auto._function_kind("value_and_grad", "value_and_grad"), "vmap"), ("jacobian", "map"), ("exact", "map"),
+        ("value", "map")}
     auto.value_and_grad(theta)
     assert auto.lane_modes[("value_and_grad", 0)] == "map"
+
+
+def test_auto_switches_how_lanes_run_with_a_margin_before_compiling_the_other_program():
+    """``lane_mode="auto"`` near its rule's boundary (step counts set by hand: one lane of ``a``
+    steps, 15 of 100): a chunk keeps running as it last ran unless the other way is
+    ``LANE_MODE_SWITCH_MARGIN`` cheaper by the rule, or its program is compiled already; a chunk
+    whose step counts were known when its program was first asked for is compiled one after the
+    other alone."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("off the CPU, auto runs every chunk's lanes in lock-step")
+    from diffsoup.inference.objective._lowering_options import LANE_MODE_SWITCH_MARGIN
+
+    assert LANE_MODE_SWITCH_MARGIN == 1.25  # the ratios below are chosen about it
+    low = ds.lower(oscillator_study())
+
+    def steps(a):
+        low.steps[:] = 100
+        low.steps[0] = a
+
+    value = low._program("value", 0)  # no step counts yet: lock-step
+    assert (value.lane_mode, value.lanes) == ("vmap", 16)
+    # The rule's ratio (lock-step / one after the other) for values: 16 a / (2.2 (a + 1500)).
+    steps(267)  # 1.10: cheaper one after the other, but not by the margin, and not compiled: stays
+    assert low._next_lane_mode(value, 0) == "vmap"
+    steps(390)  # 1.50
+    assert low._next_lane_mode(value, 0) == "map"
+    low.lane_modes[("value", 0)] = low._variant(value, 0, low.device, "map").lane_mode
+    steps(212)  # 0.90: both programs compiled, so the rule alone decides
+    assert low._next_lane_mode(value, 0) == "vmap"
+    # For Jacobians: 16 max(a, 100) / (1.3 (a + 1500)).
+    steps(390)  # 2.54 when first asked for: compiled one after the other, and only so
+    jacobian = low._program("jacobian", 0)
+    assert jacobian.lane_mode == "map"
+    assert {key.lane_mode for key in low._compiled if key.kind == "jacobian"} == {"map"}
+    steps(118)  # 0.90: lock-step would be cheaper, not by the margin
+    assert low._next_lane_mode(jacobian, 0) == "map"
+    steps(100)  # 0.77, every lane alike
+    assert low._next_lane_mode(jacobian, 0) == "vmap"
 
 
 def test_compile_includes_the_program_with_lanes_one_after_the_other():

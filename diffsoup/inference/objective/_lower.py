@@ -156,8 +156,10 @@ def lower(
             within the program (each takes only its own steps), or ``"auto"`` (default): on a GPU,
             which runs lanes in parallel, ``"vmap"``; on a CPU, per evaluation, ``"map"`` when the
             step counts of the last evaluation differ so much between lanes that lock-step would
-            cost more (``SEQUENTIAL_COST``; the second program compiles when first
-            needed, or with ``.compile()``). The same numbers either way, to rounding.
+            cost more (``SEQUENTIAL_COST``). A chunk's first program is the one its known step
+            counts ask for; a switch that would compile the other needs a margin
+            (``LANE_MODE_SWITCH_MARGIN``), and ``.compile()`` compiles both. The same numbers
+            either way, to rounding.
         chunk_size: the deprecated name of ``experiments_per_chunk`` (warns).
         max_program_groups: the most groups of experiments (each compiles its own program per
             mode) the lowering accepts; past it ``lower`` raises before compiling anything.

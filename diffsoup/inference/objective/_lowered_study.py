@@ -42,6 +42,7 @@ from ._lowering_options import (
     PROBE_LANES,
     SEQUENTIAL_COST,
     SEQUENTIAL_COST_OTHERS,
+    LANE_MODE_SWITCH_MARGIN,
     check_lowering_options,
     default_block_limit,
 )
@@ -148,7 +149,7 @@ class LoweredStudy(AbstractLoweredStudy):
         self._group_index = group_index  # each group's index in problem.groups
         self.search_log: list = []
         self._programs: dict = {}
-        self._sequential_programs: dict = {}  # lane_mode="auto": (mode, group) -> lanes one after the other
+        self._variants: dict = {}  # lane_mode="auto": (mode, group, device, lane mode) -> the chunk's other program
         self.lane_modes: dict = {}  # (mode, group) -> how its lanes ran at its last evaluation
         # ProgramKey -> (compiled, scratch bytes), shared by restrictions (beside the process's cache).
         self._compiled: dict = other._compiled if other is not None else {}
@@ -288,8 +289,8 @@ class LoweredStudy(AbstractLoweredStudy):
     def _compile(self, mode: str, kind: str, gi: int, lanes: int, device: jax.Device | None,
                  lane_mode: str | None = None) -> Program:  # fmt: skip
         fn_kind = self._function_kind(mode, kind)
-        # Chunk sizes are searched with the lanes in lock-step; "auto" adds the sequential program of
-        # the chosen size when an evaluation asks for it (_sequential_program).
+        # Chunk sizes are searched with the lanes in lock-step unless said otherwise; "auto" adds the
+        # other program of the chosen size when an evaluation asks for it (_variant).
         lane_mode = lane_mode or ("map" if self.lane_mode == "map" else "vmap")
         # Differenced Hessians run the gradient program; a program is shared by every study with the
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
@@ -322,30 +323,51 @@ class LoweredStudy(AbstractLoweredStudy):
                f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
         return compile_program(key, (theta_spec, arr_spec, ops_spec), what)
 
-    def _sequential_program(self, prog: Program, gi: int, device: jax.Device | None) -> Program:
-        """``prog`` with its lanes run one after the other (compiled on first use)."""
-        key = (prog.mode, gi, device)
-        if key not in self._sequential_programs:
-            self._sequential_programs[key] = self._compile(prog.mode, prog.kind, gi, prog.lanes, device, "map")
-        return self._sequential_programs[key]
+    def _variant(self, prog: Program, gi: int, device: jax.Device | None, lane_mode: str) -> Program:
+        """``prog`` with its lanes run as ``lane_mode`` (compiled on first use). A lock-step
+        program whose scratch is above the block limit is not used: ``prog`` (one after the other,
+        its lanes' scratch one at a time) runs instead."""
+        if prog.lane_mode == lane_mode:
+            return prog
+        key = (prog.mode, gi, device, lane_mode)
+        if key not in self._variants:
+            other = self._compile(prog.mode, prog.kind, gi, prog.lanes, device, lane_mode)
+            self._variants[key] = other if other.scratch <= self._block_limit(device) else prog
+        return self._variants[key]
 
-    def _runs_sequentially(self, prog: Program, gi: int, device: jax.Device | None) -> bool:
-        """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` runs its lanes
-        one after the other, judged from the step counts of the last evaluation
-        (``SEQUENTIAL_COST``); lock-step while any is unknown."""
-        if self.lane_mode != "auto" or self._platform(device) != "cpu" or prog.lanes == 1:
+    def _next_lane_mode(self, prog: Program, gi: int) -> str:
+        """``lane_mode="auto"``: how the next evaluation of ``prog``'s chunks runs their lanes; a
+        switch away from the way they last ran that would compile a program needs a margin
+        (``LANE_MODE_SWITCH_MARGIN``)."""
+        last = self.lane_modes.get((prog.mode, gi), prog.lane_mode)
+        other = "vmap" if last == "map" else "map"
+        compiled = prog.lane_mode == other or (prog.mode, gi, self.device, other) in self._variants
+        margin = 1.0 if compiled else LANE_MODE_SWITCH_MARGIN
+        if last == "map":  # back to lock-step where one after the other costs margin times more
+            stays = self._runs_sequentially(prog.mode, prog.kind, prog.lanes, gi, self.device, 1.0 / margin)
+        else:
+            stays = not self._runs_sequentially(prog.mode, prog.kind, prog.lanes, gi, self.device, margin)
+        return last if stays else other
+
+    def _runs_sequentially(self, mode: str, kind: str, lanes: int, gi: int, device: jax.Device | None,
+                           margin: float = 1.0) -> bool:  # fmt: skip
+        """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` in chunks of
+        ``lanes`` runs its lanes one after the other, judged from the step counts of the last
+        evaluation (``SEQUENTIAL_COST``: lock-step costs more than ``margin`` times as much);
+        lock-step while any is unknown."""
+        if self.lane_mode != "auto" or self._platform(device) != "cpu" or lanes == 1:
             return False
-        orders = np.stack(self._orders(gi, prog.lanes)).reshape(-1, self.n_devices, prog.lanes)  # chunk, device, lane
+        orders = np.stack(self._orders(gi, lanes)).reshape(-1, self.n_devices, lanes)  # chunk, device, lane
         real = orders >= 0
         steps = np.where(real, self.steps[np.maximum(orders, 0)], 0).astype(np.float64)
         if np.any(steps[real] < 0):
             return False
         steps[~real] = steps[real].mean()  # a padding lane solves a copy of some experiment
         # A chunk takes as long as its busiest device.
-        lockstep = float(np.sum(np.max(prog.lanes * steps.max(axis=2), axis=1)))
+        lockstep = float(np.sum(np.max(lanes * steps.max(axis=2), axis=1)))
         sequential = float(np.sum(np.max(steps.sum(axis=2), axis=1)))
-        slope, cap = SEQUENTIAL_COST.get(self._function_kind(prog.mode, prog.kind), SEQUENTIAL_COST_OTHERS)
-        return lockstep > min(cap, 1.0 + slope * (prog.lanes - 1)) * sequential
+        slope, cap = SEQUENTIAL_COST.get(self._function_kind(mode, kind), SEQUENTIAL_COST_OTHERS)
+        return lockstep > margin * min(cap, 1.0 + slope * (lanes - 1)) * sequential
 
     def _program(self, mode: str, gi: int, device: Any = "evaluations") -> Program:
         """The program of ``mode`` for group ``gi`` on ``device`` (default: the evaluations'),
@@ -367,7 +389,10 @@ class LoweredStudy(AbstractLoweredStudy):
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
             for kind in kinds:
-                prog = self._compile(mode, kind, gi, lanes, device)
+                # Where the step counts known already send this chunk's lanes one after the other,
+                # that program is the one compiled: its lock-step twin only when an evaluation asks.
+                sequential = self._runs_sequentially(mode, kind, lanes, gi, device)
+                prog = self._compile(mode, kind, gi, lanes, device, "map" if sequential else None)
                 fits = prog.scratch <= limit
                 self.search_log.append((mode, gi, lanes * self.n_devices, kind, prog.scratch, fits))
                 if fits:
@@ -410,7 +435,7 @@ class LoweredStudy(AbstractLoweredStudy):
             for gi in range(len(self.groups)):
                 prog = self._program(mode, gi)
                 if self.lane_mode == "auto" and self._platform(self.device) == "cpu" and prog.lanes > 1:
-                    self._sequential_program(prog, gi, self.device)
+                    self._variant(prog, gi, self.device, "vmap" if prog.lane_mode == "map" else "map")
         return self
 
     @property
@@ -437,8 +462,8 @@ class LoweredStudy(AbstractLoweredStudy):
         outs, orders = [], []
         for gi in range(len(self.groups)) if groups is None else groups:
             prog = self._program(mode, gi)
-            if self._runs_sequentially(prog, gi, self.device):
-                prog = self._sequential_program(prog, gi, self.device)
+            if self.lane_mode == "auto":
+                prog = self._variant(prog, gi, self.device, self._next_lane_mode(prog, gi))
             self.lane_modes[(mode, gi)] = prog.lane_mode
             self.devices_used[mode] = program_devices.device_label(self.device, self.mesh)
             for order, data in self._chunk_data(gi, prog.lanes, self.device):

@@ -32,6 +32,11 @@ LANE_MODES = ("auto", "vmap", "map")
 # the tangents vectorize each lane's step already -- values and adjoint gradients (0.25, 2.2).
 SEQUENTIAL_COST = {"jacobian": (0.06, 1.3), "forward_gradient": (0.06, 1.3)}
 SEQUENTIAL_COST_OTHERS = (0.25, 2.2)
+# A chunk that ran one way switches to the other only when that is at least this factor cheaper by
+# the rule above, or when the other program is compiled already: near the rule's boundary, step
+# counts that move from point to point would otherwise compile both programs (seconds) to save a
+# fraction of an evaluation (milliseconds).
+LANE_MODE_SWITCH_MARGIN = 1.25
 # gradient="auto": forward sensitivities up to this many entries of theta, the adjoint above. Forward
 # mode carries one tangent per entry through every step (their solves reuse the step's factors); the
 # adjoint costs a replay and a reverse step per step whatever theta's size, and its program (a second
