@@ -99,6 +99,7 @@ from ._lowering_options import FORWARD_GRADIENT_MAX_THETA as FORWARD_GRADIENT_MA
 from ._lowering_options import GPU_FILL as GPU_FILL
 from ._lowering_options import GRADIENTS as GRADIENTS
 from ._lowering_options import HESSIAN_COMPUTATIONS as HESSIAN_COMPUTATIONS
+from ._lowering_options import LANE_MODE_SWITCH_MARGIN as LANE_MODE_SWITCH_MARGIN
 from ._lowering_options import LANE_MODES as LANE_MODES
 from ._lowering_options import MODES as MODES
 from ._lowering_options import PROBE_LANES as PROBE_LANES

@@ -39,10 +39,10 @@ from ._lowering_options import (
     DEFAULT_CHUNK,
     FORWARD_GRADIENT_MAX_THETA,
     GPU_FILL,
+    LANE_MODE_SWITCH_MARGIN,
     PROBE_LANES,
     SEQUENTIAL_COST,
     SEQUENTIAL_COST_OTHERS,
-    LANE_MODE_SWITCH_MARGIN,
     check_lowering_options,
     default_block_limit,
 )
