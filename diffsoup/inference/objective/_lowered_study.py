@@ -35,14 +35,12 @@ from ._chunk_programs import (
     remember_program,
     stacked_over_points,
 )
+from ._lane_mode_rule import lockstep_costs_more, next_lane_mode
 from ._lowering_options import (
     DEFAULT_CHUNK,
     FORWARD_GRADIENT_MAX_THETA,
     GPU_FILL,
-    LANE_MODE_SWITCH_MARGIN,
     PROBE_LANES,
-    SEQUENTIAL_COST,
-    SEQUENTIAL_COST_OTHERS,
     check_lowering_options,
     default_block_limit,
 )
@@ -289,8 +287,7 @@ class LoweredStudy(AbstractLoweredStudy):
     def _compile(self, mode: str, kind: str, gi: int, lanes: int, device: jax.Device | None,
                  lane_mode: str | None = None) -> Program:  # fmt: skip
         fn_kind = self._function_kind(mode, kind)
-        # Chunk sizes are searched with the lanes in lock-step unless said otherwise; "auto" adds the
-        # other program of the chosen size when an evaluation asks for it (_variant).
+        # "auto" adds the other program of the chosen size when an evaluation asks for it (_variant).
         lane_mode = lane_mode or ("map" if self.lane_mode == "map" else "vmap")
         # Differenced Hessians run the gradient program; a program is shared by every study with the
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
@@ -324,9 +321,8 @@ class LoweredStudy(AbstractLoweredStudy):
         return compile_program(key, (theta_spec, arr_spec, ops_spec), what)
 
     def _variant(self, prog: Program, gi: int, device: jax.Device | None, lane_mode: str) -> Program:
-        """``prog`` with its lanes run as ``lane_mode`` (compiled on first use). A lock-step
-        program whose scratch is above the block limit is not used: ``prog`` (one after the other,
-        its lanes' scratch one at a time) runs instead."""
+        """``prog`` with its lanes run as ``lane_mode`` (compiled on first use); ``prog`` itself where
+        that program's scratch is above the block limit."""
         if prog.lane_mode == lane_mode:
             return prog
         key = (prog.mode, gi, device, lane_mode)
@@ -336,38 +332,21 @@ class LoweredStudy(AbstractLoweredStudy):
         return self._variants[key]
 
     def _next_lane_mode(self, prog: Program, gi: int) -> str:
-        """``lane_mode="auto"``: how the next evaluation of ``prog``'s chunks runs their lanes; a
-        switch away from the way they last ran that would compile a program needs a margin
-        (``LANE_MODE_SWITCH_MARGIN``)."""
+        """``lane_mode="auto"``: how the next evaluation of ``prog``'s chunks runs their lanes."""
         last = self.lane_modes.get((prog.mode, gi), prog.lane_mode)
         other = "vmap" if last == "map" else "map"
         compiled = prog.lane_mode == other or (prog.mode, gi, self.device, other) in self._variants
-        margin = 1.0 if compiled else LANE_MODE_SWITCH_MARGIN
-        if last == "map":  # back to lock-step where one after the other costs margin times more
-            stays = self._runs_sequentially(prog.mode, prog.kind, prog.lanes, gi, self.device, 1.0 / margin)
-        else:
-            stays = not self._runs_sequentially(prog.mode, prog.kind, prog.lanes, gi, self.device, margin)
-        return last if stays else other
+        return next_lane_mode(last, compiled, lambda margin: self._runs_sequentially(
+            prog.mode, prog.kind, prog.lanes, gi, self.device, margin))
 
     def _runs_sequentially(self, mode: str, kind: str, lanes: int, gi: int, device: jax.Device | None,
                            margin: float = 1.0) -> bool:  # fmt: skip
-        """``lane_mode="auto"`` on a CPU: whether the next evaluation of group ``gi`` in chunks of
-        ``lanes`` runs its lanes one after the other, judged from the step counts of the last
-        evaluation (``SEQUENTIAL_COST``: lock-step costs more than ``margin`` times as much);
-        lock-step while any is unknown."""
+        """``lane_mode="auto"`` on a CPU: whether group ``gi``'s lanes in chunks of ``lanes`` run one
+        after the other (:func:`lockstep_costs_more`); lock-step while a step count is unknown."""
         if self.lane_mode != "auto" or self._platform(device) != "cpu" or lanes == 1:
             return False
         orders = np.stack(self._orders(gi, lanes)).reshape(-1, self.n_devices, lanes)  # chunk, device, lane
-        real = orders >= 0
-        steps = np.where(real, self.steps[np.maximum(orders, 0)], 0).astype(np.float64)
-        if np.any(steps[real] < 0):
-            return False
-        steps[~real] = steps[real].mean()  # a padding lane solves a copy of some experiment
-        # A chunk takes as long as its busiest device.
-        lockstep = float(np.sum(np.max(lanes * steps.max(axis=2), axis=1)))
-        sequential = float(np.sum(np.max(steps.sum(axis=2), axis=1)))
-        slope, cap = SEQUENTIAL_COST.get(self._function_kind(mode, kind), SEQUENTIAL_COST_OTHERS)
-        return lockstep > margin * min(cap, 1.0 + slope * (lanes - 1)) * sequential
+        return lockstep_costs_more(self.steps, orders, self._function_kind(mode, kind), margin)
 
     def _program(self, mode: str, gi: int, device: Any = "evaluations") -> Program:
         """The program of ``mode`` for group ``gi`` on ``device`` (default: the evaluations'),
@@ -389,8 +368,7 @@ class LoweredStudy(AbstractLoweredStudy):
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
             for kind in kinds:
-                # Where the step counts known already send this chunk's lanes one after the other,
-                # that program is the one compiled: its lock-step twin only when an evaluation asks.
+                # Known step counts choose which program is compiled first (the other when asked).
                 sequential = self._runs_sequentially(mode, kind, lanes, gi, device)
                 prog = self._compile(mode, kind, gi, lanes, device, "map" if sequential else None)
                 fits = prog.scratch <= limit
