@@ -279,6 +279,15 @@ def test_the_lanes_step_budget_is_ten_times_the_nominal_points_within_the_floor_
     expected = max(EXPLORE_STEPS_FLOOR, EXPLORE_STEPS_FACTOR * nominal)
     assert expected < SOLVER.max_steps
     assert lane_step_budget(decay, BatchedTrustRegion()) == expected
+    # Evaluated as one wanted lane of the lanes' own program (3 starts in 4 lanes: 3 points), with
+    # no value program compiled for it, and no other number of points.
+    fresh = ds.lower(decay_study(11), solver=SOLVER)
+    assert lane_step_budget(fresh, BatchedTrustRegion(lanes=4), starts=3) == expected
+    assert list(fresh._programs) == [("jacobian", 0)]
+    points_programs = [key for key in fresh._compiled if isinstance(key, tuple) and key[0] == "points"]
+    fresh.residuals_and_jacobians(start_points(fresh, 3, 0))
+    assert [key for key in fresh._compiled if isinstance(key, tuple) and key[0] == "points"] == points_programs
+    assert fresh._compiled[points_programs[0]]._cache_size() == 1
     tight = ds.lower(decay_study(11), solver=dataclasses.replace(SOLVER, max_steps=expected))
     assert lane_step_budget(tight, BatchedTrustRegion()) is None  # the study's own budget is no larger
     with pytest.raises(ValueError, match="max_steps=0 must be a positive integer"):

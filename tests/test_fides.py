@@ -195,3 +195,29 @@ def test_a_continuation_that_keeps_gaining_runs_round_after_round():
     np.testing.assert_allclose(rounds.x, [1.0, 1.0], atol=1e-5)
     np.testing.assert_allclose(long.x, [1.0, 1.0], atol=1e-5)
     assert rounds.value < 1e-9 and long.value < 1e-9
+
+
+@pytest.mark.parametrize(("method", "mode"), [(Fides(), "gauss_newton"), (Fides(hessian="bfgs"), "value_and_grad"),
+                                              (TRF(), "jacobian"), (LBFGSB(), "value_and_grad")],
+                         ids=["fides", "fides-bfgs", "trf", "lbfgsb"])  # fmt: skip
+def test_a_start_evaluates_each_point_once_by_the_optimizers_own_evaluation(method, mode):
+    """The start point's check is the optimizer's own first evaluation: one program compiled
+    (none for the check alone), and no point evaluated twice by a start (the fit's standard errors
+    then evaluate the best point once more)."""
+    low = ds.lower(decay_study(0), solver=SOLVER)
+    calls = []
+    evaluate = low.evaluate
+
+    def counted(which, theta):
+        calls.append((which, np.asarray(theta, dtype=np.float64).tobytes()))
+        return evaluate(which, theta)
+
+    low.evaluate = counted
+    result = ds.inference.fit(low, method=method, starts=1, seed=2)
+    assert result.objective == pytest.approx(reference_fit(0)[2], abs=1e-6)
+    starts_calls, errors_call = calls[:-1], calls[-1]
+    assert {which for which, _ in starts_calls} == {mode}
+    assert len(set(starts_calls)) == len(starts_calls) == result.n_evaluations
+    assert errors_call[0] == "gauss_newton"
+    assert sorted(key[0] for key in low._programs) == sorted({"jacobian", "value_and_grad" if mode == "value_and_grad"
+                                                              else "jacobian"})  # fmt: skip

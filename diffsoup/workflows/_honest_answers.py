@@ -32,7 +32,9 @@ def check_tolerance(at_best_tolerance: float | None) -> float:
 
 def _nominal_objective(lowered: Any) -> float | None:
     """The objective at the problem's nominal values (PEtab's nominalValue; a study file's values),
-    None where the problem has none or the value is not finite."""
+    None where the problem has none or the value is not finite. Evaluated by the Gauss-Newton
+    evaluation, whose program the fit's standard errors have compiled (``FitResult.from_starts``),
+    so the comparison compiles nothing more."""
     nominal = getattr(lowered, "nominal", None)
     if nominal is None:
         return None
@@ -40,7 +42,7 @@ def _nominal_objective(lowered: Any) -> float | None:
     if theta.size == 0 or not np.all(np.isfinite(theta)):
         return None
     try:
-        value = float(lowered.value(theta))
+        value = float(lowered.gauss_newton(theta)[0])
     except Exception:  # noqa: BLE001 (a solve that raises at the nominal point: nothing to compare)
         return None
     return value if np.isfinite(value) else None

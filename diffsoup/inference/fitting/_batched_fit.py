@@ -157,7 +157,7 @@ def run_block(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, points: 
     """
     optimizer = dataclasses.replace(optimizer, lanes=optimizer.lanes_on(lowered_platform(low)))
     scale, offset = float(low.scale), float(low.offset)
-    max_steps = lane_step_budget(low, optimizer)
+    max_steps = lane_step_budget(low, optimizer, len(points))
     noise = LaneNoise.of(low, analytic)
     moves = np.arange(low.problem.n_theta) if noise is None else noise.free  # the coordinates the lanes move
 
@@ -218,18 +218,22 @@ def lowered_platform(low: AbstractLoweredStudy) -> str:
     return platform if isinstance(platform, str) else jax.default_backend()
 
 
-def lane_step_budget(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion) -> int | None:
+def lane_step_budget(low: AbstractLoweredStudy, optimizer: BatchedTrustRegion, starts: int = 1) -> int | None:
     """The lanes' step budget per experiment solve (``BatchedTrustRegion.max_steps``; None: the
     study's own): the one given, else :data:`EXPLORE_STEPS_FACTOR` times the most steps of an
-    experiment at the nominal point (one evaluation of the value there), within
-    ``[EXPLORE_STEPS_FLOOR, SolverOptions.max_steps]``. None where the nominal point does not solve,
-    or the study is not a ``LoweredStudy`` (its points are not lanes of one program)."""
+    experiment at the nominal point, within ``[EXPLORE_STEPS_FLOOR, SolverOptions.max_steps]``.
+    None where the nominal point does not solve, or the study is not a ``LoweredStudy`` (its points
+    are not lanes of one program). The nominal point is evaluated as the one wanted lane of the
+    program the lanes will run (``min(optimizer.lanes, starts)`` of them, as :func:`run_lanes`
+    has), which compiles no program for this alone."""
     if optimizer.max_steps is not None:
         return int(optimizer.max_steps)
     if not isinstance(low, LoweredStudy):
         return None
     study_budget = int(low.problem.solver.max_steps)
-    low.value(np.asarray(low.nominal, dtype=np.float64))
+    lanes = max(1, min(int(optimizer.lanes or 1), int(starts)))
+    low.residuals_and_jacobians(np.tile(np.asarray(low.nominal, dtype=np.float64), (lanes, 1)),
+                                np.arange(lanes) == 0)  # fmt: skip
     steps = low.steps[list(low.experiment_indices)]
     if low.last_failures or steps.size == 0 or np.any(steps < 0):
         return None

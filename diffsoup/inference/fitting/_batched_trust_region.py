@@ -182,6 +182,10 @@ class BatchedTrustRegion(AbstractOptimizer):
         return (float(self.ftol), float(self.xtol), float(self.gtol), self.budget(k), int(self.max_failed_in_a_row),
                 float(self.initial_radius or 0.0), float(self.stall_rtol), int(self.stall_window))  # fmt: skip
 
+    @property
+    def evaluation(self) -> str:
+        return "residuals_and_jacobian"  # one lane's evaluation, alone (minimize)
+
     def minimize(self, objective: StartObjective, x0: np.ndarray, f0: float) -> Outcome:
         """One start alone in one lane (``fit``'s per-start path; ``run_start``)."""
 

@@ -144,12 +144,13 @@ class Fides(AbstractOptimizer):
         return {"gauss_newton": None, "exact": None, "bfgs": fides.BFGS(), "sr1": fides.SR1(),
                 "hybrid": fides.HybridFixed(switch_iteration=int(self.hybrid_switch))}[self.hessian]  # fmt: skip
 
+    @property
+    def evaluation(self) -> str:
+        return {"gauss_newton": "gauss_newton", "hybrid": "gauss_newton", "exact": "value_grad_hessian"}.get(
+            self.hessian, "value_and_grad")
+
     def _function(self, objective: StartObjective):
-        if self.hessian in ("gauss_newton", "hybrid"):
-            return objective.gauss_newton
-        if self.hessian == "exact":
-            return objective.value_grad_hessian
-        return objective.value_and_grad
+        return getattr(objective, self.evaluation)
 
     def _optimizer(self, objective: StartObjective, *, function_test: bool, max_iterations: int, max_seconds: float,
                    radius: float | None = None):  # fmt: skip

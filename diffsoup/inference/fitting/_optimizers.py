@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import numpy as np
@@ -45,6 +45,12 @@ class Outcome(NamedTuple):
     success: bool
     message: str
     n_iterations: int
+
+
+REMEMBERED = 4
+"""Evaluations a :class:`StartObjective` keeps, by method and point, for an optimizer that asks again."""
+REMEMBERED_OPTIMA = 4096
+"""Points whose analytic parameters' optimum a :class:`StartObjective` keeps (a few floats each)."""
 
 
 class StartObjective:
@@ -92,8 +98,13 @@ class StartObjective:
         self.n_evaluations = 0
         self.failures: Counter = Counter()
         self._on_evaluation = on_evaluation
-        self._cache: tuple = (None, None)
-        self._inner: tuple = (None, None)
+        # The last few evaluations by (method, point): an optimizer asks again for a point it has
+        # evaluated (fides at the start point run_start checked, a continuation at its last end
+        # point; scipy's TRF for the Jacobian after the residuals), and gets it without a solve.
+        self._recent: OrderedDict = OrderedDict()
+        # The analytic parameters' optimum at each point evaluated (theta key -> found), so that the
+        # end point's theta, evaluated long before the optimizer stopped, takes no new solve.
+        self._inner: OrderedDict = OrderedDict()
         # Noise levels alone: their optimum and the residuals there follow from one evaluation at any
         # spread (NoiseParameters.moved), so value and Gauss-Newton evaluate once, not twice.
         self._noise_alone = self.analytic is not None and self.analytic.affine is None
@@ -120,10 +131,16 @@ class StartObjective:
         if self.analytic is None:
             return theta, np.zeros(0, dtype=np.int64)
         key = theta[self.free].tobytes()
-        if self._inner[0] != key:
+        if key not in self._inner:
             found = self.analytic.solve(lambda th: residuals_or_none(self.lowered, th), theta)
-            self._inner = (key, None if found is None else (found[0], self.analytic.indices[found[1]]))
-        return self._inner[1]
+            self._found(key, None if found is None else (found[0], self.analytic.indices[found[1]]))
+        return self._inner[key]
+
+    def _found(self, key: bytes, found) -> None:
+        """Record the analytic parameters' optimum ``found`` at the point ``key``."""
+        self._inner[key] = found
+        if len(self._inner) > REMEMBERED_OPTIMA:
+            self._inner.popitem(last=False)
 
     def _at(self, x):
         """The full theta at ``x`` and the analytic coordinates to project out, or None (a failed
@@ -157,11 +174,42 @@ class StartObjective:
         else:
             r, J = self.lowered.residuals(theta), None
         if self._failed() or not (np.all(np.isfinite(r)) and (J is None or np.all(np.isfinite(J)))):
-            self._inner = (key, None)
+            self._found(key, None)
             return None
         theta, interior, r, J_moved = self.analytic.noise.moved(theta, r, J)
-        self._inner = (key, (theta, self.analytic.indices[interior]))
+        self._found(key, (theta, self.analytic.indices[interior]))
         return r, (J_moved if jacobian else None)
+
+    def _remembered(self, method: str, x, evaluate: Callable[[], tuple]) -> tuple:
+        """``evaluate()`` at ``x``, or its result from one of the last :data:`REMEMBERED`
+        evaluations by ``method`` at the same point (copies: an optimizer may write into them)."""
+        key = (method, np.asarray(x, dtype=np.float64).tobytes())
+        if key in self._recent:
+            self._recent.move_to_end(key)
+        else:
+            self._recent[key] = evaluate()
+            if len(self._recent) > REMEMBERED:
+                self._recent.popitem(last=False)
+        return tuple(v.copy() if isinstance(v, np.ndarray) else v for v in self._recent[key])
+
+    def value_by(self, method: str, x) -> float:
+        """The objective at ``x`` from the evaluation ``method`` (``"value"``, ``"value_and_grad"``,
+        ``"gauss_newton"``, ``"value_grad_hessian"`` or ``"residuals_and_jacobian"``): the one an optimizer makes itself, so that
+        checking its start point compiles no program it will not run, and its own first evaluation
+        there is remembered (NaN where a solve failed).
+
+        Raises:
+            ValueError: for another ``method``.
+        """
+        if method == "value":
+            return self.value(x)
+        if method in ("value_and_grad", "gauss_newton", "value_grad_hessian"):
+            return float(getattr(self, method)(x)[0])
+        if method == "residuals_and_jacobian":
+            r = self.residuals_and_jacobian(x)[0]
+            return float(self.scale * r @ r + self.offset) if np.all(np.isfinite(r)) else math.nan
+        raise ValueError(f"value_by: method={method!r} must be one of 'value', 'value_and_grad', 'gauss_newton', "
+                         "'value_grad_hessian', 'residuals_and_jacobian'.")  # fmt: skip
 
     def value(self, x) -> float:
         """The objective (NaN where a solve failed)."""
@@ -176,6 +224,9 @@ class StartObjective:
 
     def value_and_grad(self, x) -> tuple[float, np.ndarray]:
         """The objective and its gradient (NaN where a solve failed or a number is not finite)."""
+        return self._remembered("value_and_grad", x, lambda: self._value_and_grad(x))
+
+    def _value_and_grad(self, x) -> tuple[float, np.ndarray]:
         found = self._at(x)
         if found is None:
             return math.nan, np.full(self.free.size, math.nan)
@@ -187,13 +238,16 @@ class StartObjective:
 
     def gauss_newton(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         """Value, gradient and Gauss-Newton Hessian ``2 scale J^T J`` (NaN where a solve failed)."""
+        return self._remembered("gauss_newton", x, lambda: self._gauss_newton(x))
+
+    def _gauss_newton(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         if self._noise_alone:
             n = self.free.size
             moved = self._noise_moved(x, jacobian=True)
             if moved is None:
                 return math.nan, np.full(n, math.nan), np.full((n, n), math.nan)
             r, J = moved
-            interior = self._inner[1][1]
+            interior = self._inner[self._filled(x)[self.free].tobytes()][1]
             v, g, H = self.scale * r @ r + self.offset, 2.0 * self.scale * J.T @ r, 2.0 * self.scale * J.T @ J
             return float(v), g[self.free], schur_complement(H, self.free, interior)
         found = self._at(x)
@@ -209,6 +263,9 @@ class StartObjective:
     def value_grad_hessian(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         """Value, gradient and the lowered study's Hessian (exact, or central differences of
         gradients, as ``ds.lower(hessian=...)`` chose): two evaluations."""
+        return self._remembered("value_grad_hessian", x, lambda: self._value_grad_hessian(x))
+
+    def _value_grad_hessian(self, x) -> tuple[float, np.ndarray, np.ndarray]:
         v, g = self.value_and_grad(x)
         if not np.isfinite(v):
             return v, g, np.full((g.size, g.size), math.nan)
@@ -219,22 +276,20 @@ class StartObjective:
         return v, g, H
 
     def residuals_and_jacobian(self, x) -> tuple[np.ndarray, np.ndarray]:
-        """Residuals and their Jacobian over the free coordinates, the last pair kept for a second
-        call at the same point (scipy asks for them separately); all NaN where a solve failed."""
-        key = np.asarray(x, dtype=np.float64).tobytes()
-        if self._cache[0] != key:
-            found = self._at(x)
-            if found is None:
-                n = self.lowered.n_residuals
-                self._cache = (key, (np.full(n, math.nan), np.full((n, self.free.size), math.nan)))
-                return self._cache[1]
-            r, J = self.lowered.residuals_and_jacobian(found[0])
-            r = np.asarray(r, dtype=np.float64)
-            J = projected_jacobian(np.asarray(J, dtype=np.float64), self.free, found[1])
-            if self._failed() or not (np.all(np.isfinite(r)) and np.all(np.isfinite(J))):
-                r, J = np.full_like(r, math.nan), np.full_like(J, math.nan)
-            self._cache = (key, (r, J))
-        return self._cache[1]
+        """Residuals and their Jacobian over the free coordinates (all NaN where a solve failed)."""
+        return self._remembered("residuals_and_jacobian", x, lambda: self._residuals_and_jacobian(x))
+
+    def _residuals_and_jacobian(self, x) -> tuple[np.ndarray, np.ndarray]:
+        found = self._at(x)
+        if found is None:
+            n = self.lowered.n_residuals
+            return np.full(n, math.nan), np.full((n, self.free.size), math.nan)
+        r, J = self.lowered.residuals_and_jacobian(found[0])
+        r = np.asarray(r, dtype=np.float64)
+        J = projected_jacobian(np.asarray(J, dtype=np.float64), self.free, found[1])
+        if self._failed() or not (np.all(np.isfinite(r)) and np.all(np.isfinite(J))):
+            r, J = np.full_like(r, math.nan), np.full_like(J, math.nan)
+        return r, J
 
 
 class AbstractOptimizer(abc.ABC):
@@ -248,6 +303,13 @@ class AbstractOptimizer(abc.ABC):
     """
 
     name: ClassVar[str]
+
+    @property
+    def evaluation(self) -> str:
+        """The :class:`StartObjective` method this optimizer evaluates (``"value_and_grad"``,
+        ``"gauss_newton"``, ``"value_grad_hessian"`` or ``"residuals_and_jacobian"``): ``run_start``
+        checks a start point with it, so that the check compiles no program the run will not use."""
+        return "value_and_grad"
 
     @abc.abstractmethod
     def minimize(self, objective: StartObjective, x0: np.ndarray, f0: float) -> Outcome:
@@ -277,6 +339,10 @@ class TRF(AbstractOptimizer):
     gtol: float = 1e-8
     max_evaluations: int | None = None
     x_scale: Any = 1.0
+
+    @property
+    def evaluation(self) -> str:
+        return "residuals_and_jacobian"
 
     def minimize(self, objective: StartObjective, x0: np.ndarray, f0: float) -> Outcome:
         from scipy.optimize import least_squares

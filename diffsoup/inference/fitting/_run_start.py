@@ -37,12 +37,15 @@ def run_start(lowered: AbstractLoweredStudy, optimizer: AbstractOptimizer, x0: A
     start = time.perf_counter()
     objective = StartObjective(lowered, fixed, on_evaluation, analytic)
     theta0 = np.clip(np.asarray(x0, dtype=np.float64), lowered.lower, lowered.upper)
-    f0 = objective.value(theta0[objective.free])
+    # The start point is checked by the optimizer's own evaluation: no program compiled for the
+    # check alone, and the optimizer's first evaluation, at the same point, is the remembered one.
+    check = optimizer.evaluation if objective.free.size else "value"
+    f0 = objective.value_by(check, theta0[objective.free])
     resampled = 0
     while not np.isfinite(f0) and resampled < attempts:
         resampled += 1
         theta0 = np.asarray(replace(resampled), dtype=np.float64)
-        f0 = objective.value(theta0[objective.free])
+        f0 = objective.value_by(check, theta0[objective.free])
     if not np.isfinite(f0):
         return StartResult(theta0, theta0, float("inf"), False, "a solve failed at the start point",
                            objective.n_evaluations, 0, time.perf_counter() - start, objective.failure_summary(),

@@ -174,10 +174,14 @@ class AbstractLoweredStudy(abc.ABC):
         if mode not in EVALUATION_MODES:
             raise ValueError(f"evaluate: unknown mode {mode!r}; modes are {EVALUATION_MODES}.")
         part = self.compute(mode, self._theta(theta))
-        self.last_failures = dict(part.failures)
-        for i, n in part.steps.items():
-            self.steps[i] = n
+        self._record(part.failures, part.steps)
         return part
+
+    def _record(self, failures: Mapping[str, Any], steps: Mapping[int, int]) -> None:
+        """Keep an evaluation's failed solves (``last_failures``) and its experiments' steps."""
+        self.last_failures = dict(failures)
+        for i, n in steps.items():
+            self.steps[i] = n
 
     def value(self, theta) -> float:
         """The objective at ``theta`` (NaN if a solve failed)."""
