@@ -194,9 +194,9 @@ class StartObjective:
 
     def value_by(self, method: str, x) -> float:
         """The objective at ``x`` from the evaluation ``method`` (``"value"``, ``"value_and_grad"``,
-        ``"gauss_newton"``, ``"value_grad_hessian"`` or ``"residuals_and_jacobian"``): the one an optimizer makes itself, so that
-        checking its start point compiles no program it will not run, and its own first evaluation
-        there is remembered (NaN where a solve failed).
+        ``"gauss_newton"``, ``"value_grad_hessian"`` or ``"residuals_and_jacobian"``): the one an
+        optimizer makes itself, so that checking its start point compiles no program it will not
+        run, and its own first evaluation there is remembered (NaN where a solve failed).
 
         Raises:
             ValueError: for another ``method``.

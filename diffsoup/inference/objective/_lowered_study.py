@@ -539,13 +539,13 @@ class LoweredStudy(AbstractLoweredStudy):
 
     def residuals_and_jacobians(self, thetas, active=None, *, max_steps: int | None = None,
                                 ) -> tuple[np.ndarray, np.ndarray, tuple]:  # fmt: skip
-        """Residuals and Jacobians at ``s`` points at once (``AbstractLoweredStudy``'s contract): each
-        chunk's Jacobian program over the points in one program (compiled once per number of points). The points are lanes as the experiments
-        are: in lock-step (``vmap``) on a GPU or with ``lane_mode="vmap"``; one after the other
-        (``lax.map``, each point's experiments too) on a CPU under ``"auto"`` and with ``"map"``
-        (lock-step makes every point take the stiffest one's steps), where a point ``active``
-        marks False is skipped (NaN residuals). ``max_steps`` (None: the study's
-        ``SolverOptions.max_steps``) is an operand of the program: another budget compiles nothing.
+        """Residuals and Jacobians at ``s`` points at once (``AbstractLoweredStudy``'s contract):
+        each chunk's Jacobian program over the points in one program (compiled once per number of
+        points). The points are lanes as the experiments are: in lock-step (``vmap``) on a GPU or
+        with ``lane_mode="vmap"``; one after the other (``lax.map``, each point's experiments too)
+        on a CPU under ``"auto"`` and with ``"map"`` (lock-step: every point takes the stiffest
+        one's steps), where a point ``active`` marks False is skipped (NaN residuals).
+        ``max_steps`` (None: ``SolverOptions.max_steps``) is an operand: no new compile.
 
         Raises:
             ValueError: for a bad shape of ``thetas``, a data mesh, or a ``max_steps`` that is not a
