@@ -116,7 +116,8 @@ def _print_summary(summary: dict, out: Path) -> None:
     bound = summary.get("at_bound", {})
     for name, value in summary["parameters"].items():
         base, se = name.split("[", 1)[0], summary["standard_errors"][name]
-        note = f"  at {bound[name]} bound" if name in bound else ""
+        withheld = name in summary.get("standard_errors_withheld", {})
+        note = f"  at {bound[name]} bound" if name in bound else "  not identifiable" if withheld else ""
         se_text = f"{se:>10.3g}" if se is not None else f"{'–':>10}"
         print(f"{name:<24} {value:>12.6g} {se_text}  {summary['scales'].get(base, '')}{note}")
     status = ", ".join(f"{k}: {v}" for k, v in summary["experiment_status"].items())

@@ -160,3 +160,52 @@ def test_from_starts_replaces_a_nan_end_point_and_fails_that_start():
     bad = result.starts[1]
     assert np.all(np.isfinite(bad.x)) and bad.x[0] == x[0] + 0.2 and not bad.success and bad.objective == math.inf
     assert "non-finite end point" in bad.message and result.best == 0
+
+
+def test_standard_errors_are_unbounded_along_directions_the_data_do_not_determine():
+    """Closed forms: a diagonal information gives 1/sqrt(w); a numerically zero eigenvalue makes
+    every parameter with a share of its eigenvector unbounded, where the pseudo-inverse says ~0."""
+    from diffsoup.inference.fitting._results import standard_errors
+
+    cov, se = standard_errors(np.diag([4.0, 4e-17]))
+    assert se[0] == pytest.approx(0.5, rel=1e-14) and se[1] == math.inf
+    assert np.sqrt(np.diag(np.linalg.pinv(np.diag([4.0, 4e-17]), hermitian=True)))[1] < 1.0  # the old answer
+    c, s = math.cos(0.5), math.sin(0.5)
+    R = np.array([[c, -s], [s, c]])
+    assert np.all(np.isinf(standard_errors(R @ np.diag([4.0, 1e-16]) @ R.T)[1]))  # both share the null direction
+    F = np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+    cov, se = standard_errors(F)
+    np.testing.assert_allclose(cov, np.linalg.inv(F), rtol=1e-12)
+    np.testing.assert_allclose(se, np.sqrt(np.diag(np.linalg.inv(F))), rtol=1e-12)
+
+
+def _product_study(split: bool):
+    """Decay observed as ``A B y`` (``split``: two parameters only their product reaches) or ``C y``."""
+    spec = ds.ProblemSpec(lambda t, y, p: -p["k"] * y, states=["y"], parameters={"A": 1.0, "B": 1.0, "C": 1.0, "k": 0.5},
+                          y0=[1.0], name="decay")  # fmt: skip
+    times = np.linspace(0.2, 4.0, 12)
+    data = 2.0 * np.exp(-0.5 * times) * (1.0 + 0.02 * np.random.default_rng(3).standard_normal(12))
+    gain = (lambda y, p: p["A"] * p["B"] * y) if split else (lambda y, p: p["C"] * y)
+    e = ds.Experiment("e", times, data[:, None], observables=gain, noise=ds.inference.Gaussian(0.05), y0=[1.0])
+    names = ("A", "B") if split else ("C",)
+    table = [ds.inference.Parameter(n, 1.5, 0.1, 10.0, scale="log10") for n in names]
+    return ds.Study(spec.build(), [e], table + [ds.inference.Parameter("k", 0.4, 0.01, 10.0, scale="log10")])
+
+
+def test_a_product_of_two_parameters_leaves_both_unidentifiable_and_the_rest_as_the_merged_model():
+    """Only ``A B`` reaches the data: both get an unbounded standard error and the summary withholds
+    theirs, while ``k``'s equals the one of the model with ``C = A B`` alone (the pseudo-inverse over
+    the identifiable directions is that model's covariance)."""
+    from diffsoup.workflows._honest_answers import honest_entries
+
+    split = ds.lower(_product_study(True), solver=SOLVER)
+    merged = ds.lower(_product_study(False), solver=SOLVER)
+    both = ds.inference.fit(split, starts=2, seed=0, hierarchical=False)
+    one = ds.inference.fit(merged, starts=2, seed=0, hierarchical=False)
+    assert both.objective == pytest.approx(one.objective, abs=1e-7)
+    assert both.parameters["A"] * both.parameters["B"] == pytest.approx(one.parameters["C"], rel=1e-5)
+    assert math.isinf(both.standard_errors["A"]) and math.isinf(both.standard_errors["B"])
+    assert both.standard_errors["k"] == pytest.approx(one.standard_errors["k"], rel=1e-4)
+    honest = honest_entries(split, both)
+    assert set(honest["standard_errors_withheld"]) == {"A", "B"}
+    assert any("not identifiable" in line and "A, B" in line for line in honest["advice"])

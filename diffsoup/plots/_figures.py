@@ -140,7 +140,8 @@ def plot_estimates(names: Sequence[str], estimates: Sequence[float], standard_er
     """
     plt = _pyplot()
     names = list(names)
-    est, se = np.asarray(estimates, float), np.asarray(standard_errors, float)
+    est, se = np.asarray(estimates, float), np.asarray([np.nan if v is None else v for v in standard_errors], float)
+    se = np.where(np.isfinite(se), se, np.nan)  # no bar for an unbounded (or withheld) standard error
     y = np.arange(len(names))[::-1]
     fig, ax = plt.subplots(figsize=(6.0, 0.45 * len(names) + 1.4))
     if lower is not None and upper is not None:

@@ -194,7 +194,7 @@ def write_fit(result: Any, path: Any, lowered: Any, *, overwrite: bool = False, 
         root.attrs.update(
             format=FORMAT, kind="fit", method=result.method, objective=float(result.objective),
             theta_names=list(result.theta_names), parameters={k: float(v) for k, v in result.parameters.items()},
-            standard_errors={k: float(v) for k, v in result.standard_errors.items()},
+            standard_errors={k: float(v) if np.isfinite(v) else None for k, v in result.standard_errors.items()},
             states=list(problem.study.problem.state_names), analytic=list(result.analytic),
         )  # fmt: skip
     return Path(path)

@@ -109,6 +109,11 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     withheld = {name: f"at its {side} bound (within {AT_BOUND:g} on the optimizer's scale): the Gauss-Newton "
                       "standard error describes no interval there; a profile does"
                 for name, side in bound.items()}  # fmt: skip
+    unidentifiable = [name for name, se in result.standard_errors.items()
+                      if name in result.parameters and name not in bound and not np.isfinite(se)]  # fmt: skip
+    withheld.update({name: "not identifiable at the estimate: the Gauss-Newton Hessian is singular along it, so "
+                           "its standard error is unbounded; a profile shows how far it can move"
+                     for name in unidentifiable})  # fmt: skip
     advice = []
     stalled = sum(bool(getattr(s, "stalled", False)) for s in result.starts)
     if starts["failed"]:
@@ -118,6 +123,9 @@ def honest_entries(lowered: Any, result: Any, at_best_tolerance: float | None = 
     if bound:
         advice.append("at a bound (no standard error given): "
                       + ", ".join(f"{name} ({side})" for name, side in bound.items()))  # fmt: skip
+    if unidentifiable:
+        advice.append("not identifiable at the estimate (the data do not determine it; no standard error given): "
+                      + ", ".join(unidentifiable))  # fmt: skip
     nominal = _nominal_objective(lowered)
     if nominal is not None and nominal < float(result.objective) - tolerance:
         advice.append(f"the nominal parameters give {nominal:.8g}, lower than the fit's {float(result.objective):.8g}: "

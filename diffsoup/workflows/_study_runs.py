@@ -185,7 +185,7 @@ def _finish_fit(sf: Any, lowered: Any, result: Any, out: Path, *, command: str, 
         "format": SUMMARY_FORMAT, "command": command, "study": sf.name, "study_file": _relative(sf.path, out),
         "experiments": len(sf.study.experiments), "objective": float(result.objective),
         "parameters": {k: float(v) for k, v in result.parameters.items()},
-        "standard_errors": {k: None if k in honest["at_bound"] else float(result.standard_errors[k])
+        "standard_errors": {k: None if k in honest["standard_errors_withheld"] else float(result.standard_errors[k])
                             for k in result.parameters},
         "scales": {p.name: p.scale for p in sf.study.parameters},
         "method": result.method, **honest,

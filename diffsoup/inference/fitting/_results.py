@@ -13,6 +13,13 @@ from ..objective._abstract_lowered import AbstractLoweredStudy
 
 # Starts within this of the best objective reached the same optimum (PEtab benchmarks' 1e-3 criterion).
 CONVERGED = 1e-3
+# An eigenvalue of the Fisher information below this times its largest is zero: J's singular values
+# carry the solver's relative error (rtol ~1e-8), so below 1e-6 of the largest (1e-12 in their
+# squares) a direction is not determined by the data (Boehm's k_exp_homo: 4e-15 of the largest).
+SINGULAR_RTOL = 1e-12
+# A parameter with more than this share of its unit vector in those directions is not identifiable
+# at the point: its variance is unbounded (the pseudo-inverse would report it as nearly zero).
+NULL_SHARE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +104,9 @@ class FitResult:
         theta: best point, scaled coordinates.
         objective: best objective value.
         standard_errors: by theta name, in the scaled coordinates, from the Gauss-Newton Hessian
-            at the best point (``cov = (J^T J)^+`` of the noise-weighted residuals).
-        covariance: that ``cov``.
+            at the best point (``cov = (J^T J)^+`` of the noise-weighted residuals); ``inf`` for a
+            parameter that is not identifiable there (:func:`standard_errors`).
+        covariance: that ``cov`` (the pseudo-inverse: over the directions the data determine).
         starts: every :class:`StartResult`, in start order.
         best: index of the best start.
         method: the method's name (``"fides"``, ``"trf"``, ``"lbfgsb"``).
@@ -167,8 +175,7 @@ class FitResult:
         starts = _mark_stalled(starts, starts[best].objective, analytic_mask)
         theta = np.asarray(starts[best].x, dtype=np.float64)
         _, _, H = lowered.gauss_newton(theta)
-        cov = np.linalg.pinv(H / (2.0 * lowered.scale), hermitian=True)
-        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        cov, se = standard_errors(H / (2.0 * lowered.scale))
         return cls(
             parameters=prob.parameter_values(theta),
             theta=theta,
@@ -184,3 +191,22 @@ class FitResult:
             window_starts=prob.window_values(theta) if hasattr(prob, "window_values") else {},
             analytic=tuple(analytic),
         )
+
+
+def standard_errors(information: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(covariance, standard errors)`` from a Fisher information matrix ``J^T J``.
+
+    The covariance is the pseudo-inverse over the eigenvectors whose eigenvalue is above
+    :data:`SINGULAR_RTOL` times the largest. Along the others the data determine nothing, and the
+    pseudo-inverse's zero there would read as a precise estimate; so a parameter whose unit
+    vector has more than :data:`NULL_SHARE` of its square in them gets an ``inf`` standard error
+    (not identifiable at this point: a profile shows how far it can move).
+    """
+    F = np.asarray(information, dtype=np.float64)
+    w, V = np.linalg.eigh(0.5 * (F + F.T))
+    largest = float(np.max(np.abs(w))) if w.size else 0.0
+    kept = w > SINGULAR_RTOL * largest if largest > 0 else np.zeros(w.shape, dtype=bool)
+    cov = (V[:, kept] / w[kept]) @ V[:, kept].T
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    null_share = np.sum(V[:, ~kept] ** 2, axis=1)
+    return cov, np.where(null_share > NULL_SHARE, np.inf, se)
