@@ -20,9 +20,10 @@ the same process as its peers:
   LocalCluster) against the same study in-process.
 * ``early``: 10,000 experiments of the oscillating Brusselator N = 4 (32 states, Dense) of which
   every tenth is measured until t = 70 instead of 2 (ten times the steps; the network's steps barely
-  grow with its rates, it settles), in study order and after ``lowered.balance()``, against the
-  same study with every experiment short: what lock-step lanes cost and what regrouping by steps
-  gives back.
+  grow with its rates, it settles), ``value_and_grad`` in lock-step (in study order and after
+  ``lowered.balance()``), regrouped as lanes finish (``lane_mode="compact"``), one after the other
+  (CPU only) and by default, against the same study with every experiment short: what lock-step
+  lanes cost and what each way gives back.
 * ``host``: a one-condition PEtab model (Boehm, 12 parameters; issue 42) lowered with
   ``device="auto"`` (on a GPU machine its few lanes run on the host CPU) against
   ``device="default"`` (the GPU), ``value`` and ``value_and_grad``; plus the points-as-lanes
@@ -309,23 +310,33 @@ def early_study(n: int, slow_every: int, dense_solve: str = "auto"):
 
 
 def part_early(n, rows, save, experiments_per_chunk=None, dense_solve="auto"):
-    """Lock-step lanes: in study order every chunk holds slow lanes and runs as long as its slowest;
-    after ``lowered.balance()`` (experiments sorted by the steps of one evaluation, no
-    recompilation) the slow ones share chunks of their own."""
+    """Lock-step lanes: in study order every chunk holds slow lanes and runs as long as its slowest
+    (``lane_mode="vmap"``); after ``lowered.balance()`` (experiments sorted by the steps of one
+    evaluation, no recompilation) the slow ones share chunks of their own; regrouped as lanes finish
+    (``"compact"``); on a CPU one after the other (``"map"``); and the default (``"auto"``, which
+    chooses after its first evaluation). ``ratio``: per call over the all-short study's."""
     solver = SolverOptions(rtol=RTOL, atol=ATOL)
-    cases = (("all short", 0, False), ("a tenth 10x longer, study order", 10, False),
-             ("a tenth 10x longer, balance()", 10, True))  # fmt: skip
-    for label, slow_every, balanced in cases:
-        lowered = ds.lower(early_study(n, slow_every, dense_solve), solver=solver,
+    on_cpu = jax.default_backend() == "cpu"
+    cases = [("all short", 0, False, "auto"), ("a tenth 10x longer, lock-step", 10, False, "vmap"),
+             ("a tenth 10x longer, lock-step, balance()", 10, True, "vmap"),
+             ("a tenth 10x longer, regrouped", 10, False, "compact")]  # fmt: skip
+    cases += [("a tenth 10x longer, one after the other", 10, False, "map")] if on_cpu else []
+    cases += [("a tenth 10x longer, default", 10, False, "auto")]
+    short = None
+    for label, slow_every, balanced, lane_mode in cases:
+        lowered = ds.lower(early_study(n, slow_every, dense_solve), solver=solver, lane_mode=lane_mode,
                            experiments_per_chunk=experiments_per_chunk)  # fmt: skip
         if balanced:
             lowered.balance()
         first, per_call = _timed(lambda: lowered.value_and_grad(lowered.problem.nominal))
+        short = per_call if short is None else short
         steps = lowered.steps[list(lowered.experiment_indices)]
-        rows.append(dict(study=label, experiments=n, per_call_s=per_call, first_s=first,
-                         chunks=lowered.chunk_sizes["value_and_grad"], steps_min=int(steps.min()),
-                         steps_max=int(steps.max()), steps_total=int(steps.sum())))  # fmt: skip
-        _log(f"early: {label}: {per_call:.3f} s (chunks {rows[-1]['chunks']}, steps {steps.min()}-{steps.max()})")
+        ran = sorted(set(lowered.lane_modes.values()))
+        rows.append(dict(study=label, experiments=n, lane_mode=lane_mode, ran_as="+".join(ran), per_call_s=per_call,
+                         first_s=first, ratio=per_call / short, chunks=lowered.chunk_sizes["value_and_grad"],
+                         steps_min=int(steps.min()), steps_max=int(steps.max()), steps_total=int(steps.sum())))  # fmt: skip
+        _log(f"early: {label}: {per_call:.3f} s ({per_call / short:.2f}x the short study's; ran as {ran}, "
+             f"chunks {rows[-1]['chunks']}, steps {steps.min()}-{steps.max()})")  # fmt: skip
         save()
 
 
@@ -429,8 +440,9 @@ def _print_tables(payload):
         print(f"host {r['device_option']:<8} {r['mode']:<38} on {r['ran_on']:<12} per call {fmt(r['per_call_s'])} s "
               f"(first {fmt(r['first_s'])} s)")  # fmt: skip
     for r in payload.get("early", []):
-        print(f"early {r.get('dense_solve', ''):<7} {r['study']:<34} per call {fmt(r['per_call_s'])} s "
-              f"chunks {r['chunks']} steps {r['steps_min']}-{r['steps_max']}")
+        ratio = f" (x{r['ratio']:.2f} the short study's)" if "ratio" in r else ""
+        print(f"early {r.get('dense_solve', ''):<7} {r['study']:<42} per call {fmt(r['per_call_s'])} s{ratio} "
+              f"ran as {r.get('ran_as', '?')} chunks {r['chunks']} steps {r['steps_min']}-{r['steps_max']}")
 
 
 if __name__ == "__main__":

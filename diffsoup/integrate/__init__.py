@@ -1,7 +1,9 @@
 """Stiff integrators and their sensitivities: ``simulate`` (with state ``Reset`` s and
 ``SteadyState`` outputs at ``t = inf``), ``Solution``, status codes; the
 integrator interface (``AbstractIntegrator``, ``AbstractRosenbrock`` with a ``RosenbrockTableau``),
-its methods (``Rodas5P``, ``BDF``, ``ImplicitEuler``; ``AutoMethod`` chooses) and the adjoint interface (``AbstractAdjoint``)."""
+its methods (``Rodas5P``, ``BDF``, ``ImplicitEuler``; ``AutoMethod`` chooses), the adjoint interface
+(``AbstractAdjoint``), and ``compacting_lanes`` (a vmapped ``simulate`` whose lanes leave the loop as
+they finish: ``LaneCompaction``)."""
 
 from ._adjoint import AbstractAdjoint as AbstractAdjoint
 from ._auto_method import AutoMethod as AutoMethod
@@ -9,6 +11,8 @@ from ._bdf import BDF as BDF
 from ._checkpoint import CheckpointAdjoint as CheckpointAdjoint
 from ._forward_mode import ForwardMode as ForwardMode
 from ._implicit_euler import ImplicitEuler as ImplicitEuler
+from ._lane_compaction import LaneCompaction as LaneCompaction
+from ._lane_compaction import compacting_lanes as compacting_lanes
 from ._loop import ConstantStep as ConstantStep
 from ._loop import PIController as PIController
 from ._method import AbstractIntegrator as AbstractIntegrator

@@ -49,7 +49,8 @@ from ..linear._ordering import depends_on
 from ._adjoint import AbstractAdjoint
 from ._linear_solve import SolveModes
 from ._forward_mode import solve_forward
-from ._loop import LoopState, begin_workspace, init_carry, run_loop
+from ._lane_compaction import lane_while_loop
+from ._loop import LoopState, begin_workspace, init_carry, regrouping, run_loop
 from ._method import AbstractReversibleIntegrator
 from ._status import RUNNING, Status
 
@@ -255,7 +256,7 @@ def _forward(static, cfg, y0, p, t0, t_eval, discs):
     workspace = begin_workspace(problem, cfg.modes.all, y0, p, t0, t_eval)
     carry = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
     carry = _with_recorder(method, carry, capacity)
-    carry = run_loop(problem, cfg, p, t_eval, discs, carry, on_accept=_top_recorder(method, capacity))
+    carry = run_loop(problem, cfg, p, t_eval, discs, carry, on_accept=_top_recorder(method, capacity), regroup=True)
     token = problem.prepared.end(workspace, carry.ys)
     status = carry.status + 0 * token
     stats = carry.counters.stats(method)
@@ -389,8 +390,10 @@ def _solve_bwd(static, residuals, cotangents):
             lam, pbar = step_vjp(rec, lam, pbar)
             return j - 1, lam, pbar, c.recorder.records, bad | mismatch
 
-        _, lam, pbar, _, bad = jax.lax.while_loop(
-            lambda st: st[0] >= base, step_body, (last_j, lam, pbar, inner0, bad)
+        # Every lane sweeps about as many segments (the checkpoints); a lane of many steps has long
+        # ones, so this loop is where lanes finish at different times: regrouped as they do.
+        _, lam, pbar, _, bad = lane_while_loop(
+            lambda st: st[0] >= base, step_body, (last_j, lam, pbar, inner0, bad), regrouping(cfg, workspace)
         )
         return k - 1, lam, pbar, bad
 

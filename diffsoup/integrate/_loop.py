@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..linear import Workspace
+from ._lane_compaction import LaneCompaction, lane_while_loop
 from ._linear_solve import SolveModes
 from ._method import AbstractIntegrator
 from ._status import RUNNING, Status
@@ -110,7 +111,7 @@ class StepControl(NamedTuple):
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["rtol", "atol", "h0", "max_steps", "control", "steady"],
-    meta_fields=["method", "modes", "fixed_step"],
+    meta_fields=["method", "modes", "fixed_step", "lanes"],
 )
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
@@ -131,6 +132,8 @@ class LoopConfig:
         steady: a :class:`SteadyCriterion` when ``+inf`` outputs are steady states, else None; None
             or not is part of the pytree's structure, so only programs that look for a steady
             state contain its test.
+        lanes: a :class:`LaneCompaction`: vmapped, the forward pass and the adjoint's sweeps regroup
+            their unfinished lanes as lanes finish (static; None: lock-step).
     """
 
     rtol: Any
@@ -142,6 +145,7 @@ class LoopConfig:
     modes: SolveModes
     fixed_step: bool
     steady: SteadyCriterion | None = None
+    lanes: LaneCompaction | None = None
 
 
 class Counters(NamedTuple):
@@ -409,10 +413,13 @@ def attempt(problem, cfg: LoopConfig, p, t_eval, discs, c: LoopState) -> LoopSta
     )  # fmt: skip
 
 
-def run_loop(problem, cfg, p, t_eval, discs, carry: LoopState, *, on_accept=None, until_steps=None) -> LoopState:
+def run_loop(problem, cfg, p, t_eval, discs, carry: LoopState, *, on_accept=None, until_steps=None,
+             regroup: bool = False) -> LoopState:  # fmt: skip
     """Attempts until the status leaves RUNNING (or ``n_steps`` reaches ``until_steps``).
 
     ``on_accept(carry) -> carry`` runs after each attempt that was accepted (checkpointing).
+    ``regroup``: vmapped, the lanes are regrouped as they finish where ``cfg.lanes`` says
+    (:func:`regrouping`); the adjoint's short replays run in lock-step.
     """
 
     def cond(c: LoopState):
@@ -428,7 +435,13 @@ def run_loop(problem, cfg, p, t_eval, discs, carry: LoopState, *, on_accept=None
             new = jax.lax.cond(accepted, on_accept, lambda x: x, new)
         return new
 
-    return jax.lax.while_loop(cond, body, carry)
+    return lane_while_loop(cond, body, carry, regrouping(cfg, carry.workspace) if regroup else None)
+
+
+def regrouping(cfg: LoopConfig, workspace) -> LaneCompaction | None:
+    """``cfg.lanes``, unless the linear solver keeps state across steps (``workspace`` leaves:
+    handles whose lanes stay where they are)."""
+    return None if jax.tree_util.tree_leaves(workspace) else cfg.lanes
 
 
 def forward_solve(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs):
@@ -436,7 +449,7 @@ def forward_solve(problem, cfg: LoopConfig, y0, p, t0, t_eval, discs):
     outputs). Returns ``(ys, status, stats)``."""
     workspace = begin_workspace(problem, cfg.modes.all, y0, p, t0, t_eval)
     carry = init_carry(problem, cfg, y0, p, t0, t_eval, discs, workspace)
-    carry = run_loop(problem, cfg, p, t_eval, discs, carry)
+    carry = run_loop(problem, cfg, p, t_eval, discs, carry, regroup=True)
     token = problem.prepared.end(workspace, carry.ys)
     status = carry.status + 0 * token
     return carry.ys, status, carry.counters.stats(cfg.method)

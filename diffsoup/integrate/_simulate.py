@@ -13,6 +13,7 @@ from ..model import Problem
 from ._adjoint import AbstractAdjoint
 from ._auto_method import AutoMethod
 from ._checkpoint import CheckpointAdjoint
+from ._lane_compaction import compaction_in_force
 from ._linear_solve import SolveModes
 from ._loop import ConstantStep, LoopConfig, PIController
 from ._method import AbstractIntegrator
@@ -219,7 +220,7 @@ def simulate(
     cfg = LoopConfig(
         rtol=_operand(rtol, dtype), atol=atol, h0=_operand(np.nan if h0 is None else h0, dtype),
         max_steps=_operand(max_steps, np.int32), control=controller.control(dtype), method=method, modes=modes,
-        fixed_step=isinstance(controller, ConstantStep),
+        fixed_step=isinstance(controller, ConstantStep), lanes=compaction_in_force(),
     )  # fmt: skip
     t0, t_eval, discs_j = jax.lax.stop_gradient((t0, t_eval, discs_j))
     steady = None

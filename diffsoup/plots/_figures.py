@@ -140,8 +140,9 @@ def plot_estimates(names: Sequence[str], estimates: Sequence[float], standard_er
     """
     plt = _pyplot()
     names = list(names)
-    est, se = np.asarray(estimates, float), np.asarray([np.nan if v is None else v for v in standard_errors], float)
-    se = np.where(np.isfinite(se), se, np.nan)  # no bar for an unbounded (or withheld) standard error
+    # no bar for a withheld (None) or unbounded (inf) standard error
+    est = np.asarray(estimates, float)
+    se = np.asarray([v if v is not None and np.isfinite(v) else np.nan for v in standard_errors], float)
     y = np.arange(len(names))[::-1]
     fig, ax = plt.subplots(figsize=(6.0, 0.45 * len(names) + 1.4))
     if lower is not None and upper is not None:

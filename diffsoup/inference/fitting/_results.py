@@ -205,7 +205,7 @@ def standard_errors(information: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     F = np.asarray(information, dtype=np.float64)
     w, V = np.linalg.eigh(0.5 * (F + F.T))
     largest = float(np.max(np.abs(w))) if w.size else 0.0
-    kept = w > SINGULAR_RTOL * largest if largest > 0 else np.zeros(w.shape, dtype=bool)
+    kept = w > SINGULAR_RTOL * largest  # all False when every eigenvalue is zero
     cov = (V[:, kept] / w[kept]) @ V[:, kept].T
     se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     null_share = np.sum(V[:, ~kept] ** 2, axis=1)

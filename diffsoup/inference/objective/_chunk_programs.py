@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from ...integrate import LaneCompaction, compacting_lanes
 from ._problem import LaneTerms
 from ._terms import member_array
 
@@ -39,7 +40,8 @@ class ProgramKey:
         terms: the group's :class:`~diffsoup.inference.objective._problem.LaneTerms` (problem, group,
             objective scale, estimated entries and their scales, adjoint checkpoints).
         lanes: experiments per device per chunk.
-        lane_mode: ``"vmap"`` (the lanes in lock-step) or ``"map"`` (one after the other).
+        lane_mode: ``"vmap"`` (the lanes in lock-step), ``"compact"`` (lock-step, the unfinished
+            lanes regrouped as lanes finish) or ``"map"`` (one after the other).
         mesh: the mesh split over its ``"data"`` axis, or None for one device.
         platform: the default device and the x64 flag the program was traced under.
         device: the one ``jax.Device`` the program is pinned to (``ds.lower(device=...)``), or None
@@ -138,9 +140,11 @@ def chunk_function(key: ProgramKey):
 
     def over_lanes(fn, *per_lane):
         """``fn`` applied to every lane of ``per_lane`` (arrays with a leading lane axis)."""
-        if key.lane_mode == "vmap":
+        if key.lane_mode == "map":
+            return jax.lax.map(lambda xs: fn(*xs), per_lane)
+        # The solves traced here take the compaction into their loop settings (their adjoint too).
+        with compacting_lanes(LaneCompaction() if key.lane_mode == "compact" else None):
             return jax.vmap(fn)(*per_lane)
-        return jax.lax.map(lambda xs: fn(*xs), per_lane)
 
     def lanes(theta, arrs, ops, *, forward, residuals):
         full = terms.full_vector(theta, ops)

@@ -153,14 +153,18 @@ def lower(
             compiles faster, the adjoint above). Both are exact derivatives of the discrete
             solution; they agree to rounding.
         lane_mode: how the experiments of a chunk run: ``"vmap"`` in lock-step (one vectorized
-            loop, which runs until its slowest experiment is done), ``"map"`` one after the other
-            within the program (each takes only its own steps), or ``"auto"`` (default): on a GPU,
-            which runs lanes in parallel, ``"vmap"``; on a CPU, per evaluation, ``"map"`` when the
-            step counts of the last evaluation differ so much between lanes that lock-step would
-            cost more (``SEQUENTIAL_COST``). A chunk's first program is the one its known step
-            counts ask for; a switch that would compile the other needs a margin
-            (``LANE_MODE_SWITCH_MARGIN``), and ``.compile()`` compiles both. The same numbers
-            either way, to rounding.
+            loop, which runs until its slowest experiment is done), ``"compact"`` in lock-step
+            until few lanes are unfinished, which then run on in a narrower loop
+            (``ds.integrate.LaneCompaction``: lanes that finish early leave the program),
+            ``"map"`` one after the other within the program (each takes only its own steps), or
+            ``"auto"`` (default), per evaluation from the step counts of the last one: on a CPU
+            ``"map"`` when they differ so much between lanes that lock-step would cost more
+            (``SEQUENTIAL_COST``), ``"vmap"`` otherwise; on a GPU, which runs lanes in parallel,
+            ``"compact"`` when lock-step would compute more than ``COMPACT_WASTE`` times the
+            lane-steps the lanes need, ``"vmap"`` otherwise. A chunk's first program is the one
+            its known step counts ask for; a switch that would compile the other needs a margin
+            (``LANE_MODE_SWITCH_MARGIN``), and ``.compile()`` compiles both on a CPU. The same
+            numbers every way, to rounding.
         chunk_size: the deprecated name of ``experiments_per_chunk`` (warns).
         max_program_groups: the most groups of experiments (each compiles its own program per
             mode) the lowering accepts; past it ``lower`` raises before compiling anything.

@@ -35,7 +35,7 @@ from ._chunk_programs import (
     remember_program,
     stacked_over_points,
 )
-from ._lane_mode_rule import lockstep_costs_more, next_lane_mode
+from ._lane_mode_rule import lane_mode_costs, next_lane_mode
 from ._lowering_options import (
     DEFAULT_CHUNK,
     FORWARD_GRADIENT_MAX_THETA,
@@ -44,16 +44,8 @@ from ._lowering_options import (
     check_lowering_options,
     default_block_limit,
 )
-from ._parts import (
-    EVALUATION_MODES,
-    AbstractPart,
-    GaussNewtonPart,
-    GradientPart,
-    HessianPart,
-    JacobianPart,
-    ResidualsPart,
-    ValuePart,
-)
+from ._parts import (EVALUATION_MODES, AbstractPart, GaussNewtonPart, GradientPart, HessianPart, JacobianPart,
+                     ResidualsPart, ValuePart)
 from ._problem import InferenceProblem
 
 
@@ -81,8 +73,8 @@ class LoweredStudy(AbstractLoweredStudy):
         hessian_mode: ``"auto"``, ``"exact"`` or ``"fd"`` as asked; ``hessian_kind`` what was chosen.
         gradient_mode: ``"auto"``, ``"adjoint"`` or ``"forward"`` as asked; ``gradient_kind`` what
             ``value_and_grad`` (and differenced Hessians) use.
-        lane_mode: ``"auto"``, ``"vmap"`` or ``"map"`` as asked; ``lane_modes`` maps ``(mode,
-            group)`` to ``"vmap"`` or ``"map"``, how that mode's lanes ran at its last evaluation.
+        lane_mode: ``"auto"``, ``"vmap"``, ``"compact"`` or ``"map"`` as asked; ``lane_modes`` maps
+            ``(mode, group)`` to how that mode's lanes ran at its last evaluation.
         search_log: ``(mode, group, lanes, kind, scratch_bytes, fits)`` of every program compiled
             while choosing chunk sizes.
     """
@@ -258,6 +250,10 @@ class LoweredStudy(AbstractLoweredStudy):
         padded[:, :B] = blocks
         return [padded[:, j * lanes : (j + 1) * lanes].reshape(-1) for j in range(n_chunks)]
 
+    def _lane_orders(self, gi: int, lanes: int) -> np.ndarray:
+        """``(chunk, device, lane)`` experiment indices of group ``gi`` (-1: padding)."""
+        return np.stack(self._orders(gi, lanes)).reshape(-1, self.n_devices, lanes)
+
     def _chunk_data(self, gi: int, lanes: int, device: jax.Device | None) -> list:
         key = (gi, lanes, device)
         if key not in self._chunks:
@@ -288,7 +284,7 @@ class LoweredStudy(AbstractLoweredStudy):
                  lane_mode: str | None = None) -> Program:  # fmt: skip
         fn_kind = self._function_kind(mode, kind)
         # "auto" adds the other program of the chosen size when an evaluation asks for it (_variant).
-        lane_mode = lane_mode or ("map" if self.lane_mode == "map" else "vmap")
+        lane_mode = lane_mode or (self.lane_mode if self.lane_mode in ("map", "compact") else "vmap")
         # Differenced Hessians run the gradient program; a program is shared by every study with the
         # same key: restrictions of this one, and lowerings of the same study with other numbers.
         key = ProgramKey(fn_kind, self.problem.terms(self.groups[gi]), lanes, lane_mode, self.mesh,
@@ -314,7 +310,8 @@ class LoweredStudy(AbstractLoweredStudy):
         ops_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=rep), ops)
         label = {"value_and_grad": "value_and_grad (adjoint)",
                  "forward_gradient": "value_and_grad (forward sensitivities)"}.get(fn_kind, fn_kind)  # fmt: skip
-        one_by_one = ", one after the other" if lane_mode == "map" and lanes > 1 else ""
+        one_by_one = {"map": ", one after the other", "compact": ", lanes regrouped as they finish"}.get(
+            lane_mode, "") if lanes > 1 else ""  # fmt: skip
         one_by_one += f", on {device}" if device is not None else ""
         what = f"{label} program of {self.problem.study.problem.spec.name!r}, group {gi}, " \
                f"{lanes * self.n_devices} experiment(s) per chunk{one_by_one}"  # fmt: skip
@@ -334,19 +331,17 @@ class LoweredStudy(AbstractLoweredStudy):
     def _next_lane_mode(self, prog: Program, gi: int) -> str:
         """``lane_mode="auto"``: how the next evaluation of ``prog``'s chunks runs their lanes."""
         last = self.lane_modes.get((prog.mode, gi), prog.lane_mode)
-        other = "vmap" if last == "map" else "map"
-        compiled = prog.lane_mode == other or (prog.mode, gi, self.device, other) in self._variants
-        return next_lane_mode(last, compiled, lambda margin: self._runs_sequentially(
-            prog.mode, prog.kind, prog.lanes, gi, self.device, margin))
+        costs = self._lane_mode_costs(prog.mode, prog.kind, prog.lanes, gi, self.device)
+        return next_lane_mode(last, costs, lambda way: prog.lane_mode == way or (
+            prog.mode, gi, self.device, way) in self._variants)  # fmt: skip
 
-    def _runs_sequentially(self, mode: str, kind: str, lanes: int, gi: int, device: jax.Device | None,
-                           margin: float = 1.0) -> bool:  # fmt: skip
-        """``lane_mode="auto"`` on a CPU: whether group ``gi``'s lanes in chunks of ``lanes`` run one
-        after the other (:func:`lockstep_costs_more`); lock-step while a step count is unknown."""
-        if self.lane_mode != "auto" or self._platform(device) != "cpu" or lanes == 1:
-            return False
-        orders = np.stack(self._orders(gi, lanes)).reshape(-1, self.n_devices, lanes)  # chunk, device, lane
-        return lockstep_costs_more(self.steps, orders, self._function_kind(mode, kind), margin)
+    def _lane_mode_costs(self, mode: str, kind: str, lanes: int, gi: int, device: jax.Device | None):
+        """``lane_mode="auto"``: what each way of running group ``gi``'s lanes in chunks of
+        ``lanes`` costs at the last step counts (:func:`lane_mode_costs`; None while unknown)."""
+        if self.lane_mode != "auto" or lanes == 1:
+            return None
+        return lane_mode_costs(self.steps, self._lane_orders(gi, lanes), self._function_kind(mode, kind),
+                               on_cpu=self._platform(device) == "cpu")  # fmt: skip
 
     def _program(self, mode: str, gi: int, device: Any = "evaluations") -> Program:
         """The program of ``mode`` for group ``gi`` on ``device`` (default: the evaluations'),
@@ -368,9 +363,9 @@ class LoweredStudy(AbstractLoweredStudy):
         while True:
             lanes = math.ceil(B / n_chunks)  # chunks of equal size: no chunk mostly padding
             for kind in kinds:
-                # Known step counts choose which program is compiled first (the other when asked).
-                sequential = self._runs_sequentially(mode, kind, lanes, gi, device)
-                prog = self._compile(mode, kind, gi, lanes, device, "map" if sequential else None)
+                # Known step counts choose which program is compiled first (another when asked).
+                costs = self._lane_mode_costs(mode, kind, lanes, gi, device)
+                prog = self._compile(mode, kind, gi, lanes, device, costs and min(costs, key=costs.__getitem__))
                 fits = prog.scratch <= limit
                 self.search_log.append((mode, gi, lanes * self.n_devices, kind, prog.scratch, fits))
                 if fits:
@@ -566,11 +561,12 @@ class LoweredStudy(AbstractLoweredStudy):
         for gi in range(len(self.groups)):
             prog = self._program("jacobian", gi, device)
             self.devices_used["jacobian (points)"] = program_devices.device_label(device, self.mesh)
-            lockstep = self.lane_mode == "vmap" or (self.lane_mode == "auto" and self._platform(device) != "cpu")
+            on_gpu = self._platform(device) != "cpu"
+            lockstep = self.lane_mode in ("vmap", "compact") or (self.lane_mode == "auto" and on_gpu)
             # One after the other over the points, and over each point's experiments as well (a
             # chunk of Bruno's 6 experiments in lock-step took 21 ms per point, 12 ms alone).
             key = ("points", lockstep, ProgramKey("jacobian", self.problem.terms(self.groups[gi]), prog.lanes,
-                                                  prog.lane_mode if lockstep else "map", None,
+                                                  "vmap" if lockstep else "map", None,
                                                   platform_signature(), device))  # fmt: skip
             if key not in self._compiled:  # jit compiles it once per number of points
                 self._compiled[key] = jax.jit(over_points(chunk_function(key[2]), lockstep))

@@ -20,20 +20,27 @@ MODES = ("value", "value_and_grad", "residuals", "jacobian", "hessian")
 HESSIAN_COMPUTATIONS = ("auto", "exact", "fd")
 GRADIENTS = ("auto", "adjoint", "forward")
 # How a chunk's lanes run: "vmap" in lock-step (one vectorized loop, as long as its slowest lane),
-# "map" one after the other inside the program (each lane takes its own steps), "auto" chosen per
-# evaluation on a CPU (below), vmap elsewhere (a GPU runs lanes in parallel).
-LANE_MODES = ("auto", "vmap", "map")
-# lane_mode="auto" on a CPU: a lane's step run alone costs up to `cap` times its share of a step of L
-# lanes in lock-step (lanes vectorize the step's small operations and share its fixed costs), about
-# 1 + slope (L - 1) for few lanes. The next evaluation runs the lanes one after the other when, at the
-# step counts of the last evaluation, lock-step would cost more: sum over chunks of L x (most steps)
-# > min(cap, 1 + slope (L - 1)) x (sum of steps). (slope, cap) measured on the 2-core CPU (PEtab
-# problems of 2-8 experiments, 5 points each): programs that carry forward tangents (0.06, 1.3) --
-# the tangents vectorize each lane's step already -- values and adjoint gradients (0.25, 2.2).
+# "compact" in lock-step with the unfinished lanes regrouped into a narrower loop as lanes finish
+# (ds.integrate.LaneCompaction), "map" one after the other inside the program (each lane takes its
+# own steps), "auto" chosen per evaluation by what each would cost at the last step counts
+# (_lane_mode_rule): one after the other only on a CPU (a GPU runs lanes in parallel).
+LANE_MODES = ("auto", "vmap", "compact", "map")
+# The costs are in lane-steps of lock-step. One after the other on a CPU: a lane's step run alone
+# costs up to `cap` times its share of a step of L lanes in lock-step (lanes vectorize the step's small
+# operations and share its fixed costs), about 1 + slope (L - 1) for few lanes: (sum of steps) x
+# min(cap, 1 + slope (L - 1)). (slope, cap) measured on the 2-core CPU (PEtab problems of 2-8
+# experiments, 5 points each): programs that carry forward tangents (0.06, 1.3) -- the tangents
+# vectorize each lane's step already -- values and adjoint gradients (0.25, 2.2).
 SEQUENTIAL_COST = {"jacobian": (0.06, 1.3), "forward_gradient": (0.06, 1.3)}
 SEQUENTIAL_COST_OTHERS = (0.25, 2.2)
-# A chunk that ran one way switches to the other only when that is at least this factor cheaper by
-# the rule above, or when the other program is compiled already: near the rule's boundary, step
+# Regrouped (LaneCompaction's widths): the lane-steps each width computes; off the CPU times this
+# factor, since a GPU's narrower program is not proportionally faster (its steps are latency-bound:
+# sorted chunks of 1,000 lanes ran 2.1x faster than one of 10,000 lanes holding a slow tenth, where
+# lane-steps say 5x). Regrouping also costs a second copy of the loop body in the program (compile
+# time +40-60 % on the 2-core CPU), which the switching margin below covers.
+COMPACT_OFF_CPU_COST = 2.0
+# A chunk that ran one way switches to another only when that is at least this factor cheaper by
+# the costs above, or when the other program is compiled already: near the rule's boundary, step
 # counts that move from point to point would otherwise compile both programs (seconds) to save a
 # fraction of an evaluation (milliseconds).
 LANE_MODE_SWITCH_MARGIN = 1.25
