@@ -548,8 +548,11 @@ def main(argv: list[str] | None = None) -> int:
 
     restore = contextlib.ExitStack()
     one_line_warnings(restore)
+    interrupt = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
-        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, interrupt_quietly(restore)))
+        interrupt = interrupt_quietly(restore)
+        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, interrupt))
+        restore.callback(interrupt.acknowledge)  # (first at the close) nothing delivered once the handler is gone
     try:
         try:
             return args.func(args)
@@ -558,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
                 _print_outputs(exc.summary, args.out)
             raise
     except KeyboardInterrupt:
+        if interrupt is not None:
+            interrupt.acknowledge()
         from .workflows._interrupted import fit_argv, interrupted_message, remove_empty_folders
 
         if out is not None:

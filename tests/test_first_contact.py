@@ -124,6 +124,45 @@ def test_ctrl_c_in_a_campaign_keeps_the_finished_starts_and_says_so_in_one_line(
     assert not (out / "campaign.json.lock").exists()
 
 
+def test_an_interrupt_python_drops_is_delivered_again_and_its_cleanup_is_not_interrupted(capsys):
+    """A KeyboardInterrupt raised inside a weakref callback is dropped by Python (once, a fit on the
+    embedded cluster ran on to its end after Ctrl-C): the command's handler delivers it again until
+    the command catches it, prints nothing for the dropped one, and leaves the cleanup of a
+    KeyboardInterrupt alone."""
+    import contextlib
+    import weakref
+
+    from diffsoup.workflows._interrupted import REDELIVER_S, interrupt_quietly
+
+    class Dropped:
+        pass
+
+    stack = contextlib.ExitStack()
+    handler = interrupt_quietly(stack)
+    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, handler))
+    stack.callback(handler.acknowledge)
+    cleanup_done = False
+    with stack:
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                obj = Dropped()
+                ref = weakref.ref(obj, lambda _: handler(signal.SIGINT, None))  # noqa: F841
+                del obj  # the callback's KeyboardInterrupt is dropped here
+                while time.monotonic() - t0 < 10 * REDELIVER_S:
+                    sum(range(1000))
+            finally:
+                end = time.monotonic() + 3 * REDELIVER_S  # a cleanup longer than the re-delivery period
+                while time.monotonic() < end:
+                    sum(range(1000))
+                cleanup_done = True
+        handler.acknowledge()
+        waited = time.monotonic() - t0
+    assert cleanup_done and REDELIVER_S <= waited - 3 * REDELIVER_S < 3 * REDELIVER_S
+    err = capsys.readouterr().err
+    assert "Exception ignored" not in err and "KeyboardInterrupt" not in err
+
+
 def test_ctrl_c_in_a_fit_on_the_embedded_cluster_is_one_line_and_leaves_no_folder(study, tmp_path):
     """On the embedded Dask cluster (its workers get the SIGINT too): one line pointing to the
     resumable form, no traceback from client, scheduler or workers, and no empty output folder."""

@@ -1,7 +1,8 @@
 """What a command stopped by Ctrl-C says, and what it leaves behind.
 
-The command's SIGINT handler (:func:`interrupt_quietly`) silences Dask's loggers at once, so that
-the shutdown of the cluster that follows prints nothing, and raises ``KeyboardInterrupt``.
+The command's SIGINT handler (:class:`QuietInterrupt`) silences Dask's loggers at once, so that
+the shutdown of the cluster that follows prints nothing, and raises ``KeyboardInterrupt`` (again,
+until the command has caught it, where Python dropped it).
 
 The command prints one line (what finished, what is kept, how to go on) instead of the tracebacks
 of the client, the scheduler and the workers, and removes what the run created and left empty (the
@@ -21,6 +22,9 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +93,79 @@ def fit_argv(args: Any) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def interrupt_quietly(stack: contextlib.ExitStack):
-    """A SIGINT handler that silences Dask's loggers at once (the cluster's shutdown that follows
-    prints nothing) and raises KeyboardInterrupt; the levels come back when ``stack`` closes."""
+# A KeyboardInterrupt raised while Python runs a weakref callback or a ``__del__`` (the garbage
+# collector runs them between any two bytecodes) is printed as "Exception ignored" and dropped, and
+# the command went on as if Ctrl-C had not come (seen once in a full test run: a fit on the embedded
+# cluster finished its 60 starts). So the handler delivers the interrupt again every this many
+# seconds until the command acknowledges it, except while a KeyboardInterrupt is being unwound
+# (its cleanup, the cluster's shutdown, is not interrupted).
+REDELIVER_S = 0.5
 
-    def handler(signum, frame):
-        from ..distributed._clusters import quiet_dask_logs
 
-        stack.enter_context(quiet_dask_logs())
+class QuietInterrupt:
+    """The command's SIGINT handler: silences Dask's loggers at once (the cluster's shutdown that
+    follows prints nothing; the levels come back when ``stack`` closes) and raises
+    KeyboardInterrupt, again every :data:`REDELIVER_S` seconds until :meth:`acknowledge` where the
+    first was swallowed (a swallowed one prints nothing). The command acknowledges when it catches
+    the interrupt, and before it puts the previous handler back."""
+
+    def __init__(self, stack: contextlib.ExitStack):
+        self.stack = stack
+        self._acknowledged = threading.Event()
+        self._redelivering: threading.Thread | None = None
+
+    def __call__(self, signum, frame):
+        if _unwinding_an_interrupt():
+            return
+        if self._redelivering is None:
+            from ..distributed._clusters import quiet_dask_logs
+
+            self.stack.enter_context(quiet_dask_logs())
+            self.stack.enter_context(_swallowed_interrupts_unprinted())
+            main = threading.main_thread().ident
+            self._redelivering = threading.Thread(target=self._redeliver, args=(main,), daemon=True,
+                                                  name="diffsoup-interrupt")  # fmt: skip
+            self._redelivering.start()
         raise KeyboardInterrupt
 
-    return handler
+    def acknowledge(self) -> None:
+        """The command has caught the interrupt: no more deliveries."""
+        self._acknowledged.set()
+
+    def _redeliver(self, main_thread: int) -> None:
+        while not self._acknowledged.wait(REDELIVER_S):
+            signal.pthread_kill(main_thread, signal.SIGINT)
+
+
+def _unwinding_an_interrupt() -> bool:
+    """Whether the main thread runs the cleanup (an ``except``, ``finally`` or ``__exit__``) of a
+    KeyboardInterrupt, or of an exception raised during one."""
+    exc = sys.exception()
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _swallowed_interrupts_unprinted():
+    """A KeyboardInterrupt that Python drops (raised in a weakref callback or ``__del__``) prints
+    nothing: it is delivered again."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def interrupt_quietly(stack: contextlib.ExitStack) -> QuietInterrupt:
+    """The command's SIGINT handler (:class:`QuietInterrupt`); what it changes comes back when
+    ``stack`` closes."""
+    return QuietInterrupt(stack)
