@@ -40,12 +40,10 @@ def _assert_equal(out, ref):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("compaction", [LaneCompaction(min_lanes=16), LaneCompaction(shrink=4, levels=3, min_lanes=16)])
-def test_a_regrouped_loop_equals_lock_step_lane_by_lane(compaction):
-    lock_step, regrouped = _lane(None), _lane(compaction)
-    ref = jax.jit(jax.vmap(lock_step))(ITERATIONS, RATES)
-    _assert_equal(jax.jit(jax.vmap(regrouped))(ITERATIONS, RATES), ref)
-    _assert_equal(jax.vmap(regrouped)(ITERATIONS, RATES), ref)  # not jitted
+def test_a_regrouped_loop_equals_lock_step_lane_by_lane():
+    """Three narrower loops (25, 7 and 2 of the 100 lanes)."""
+    lock_step, regrouped = _lane(None), _lane(LaneCompaction(shrink=4, levels=3, min_lanes=16))
+    _assert_equal(jax.jit(jax.vmap(regrouped))(ITERATIONS, RATES), jax.jit(jax.vmap(lock_step))(ITERATIONS, RATES))
     # A closure shared by every lane (unbatched), and one lane alone (no vmap: lax.while_loop).
     shared = jax.vmap(regrouped, in_axes=(0, None))(ITERATIONS, 0.3)
     _assert_equal(shared, jax.vmap(lock_step, in_axes=(0, None))(ITERATIONS, 0.3))
@@ -82,53 +80,42 @@ def test_the_regrouped_loop_runs_the_unfinished_lanes_in_a_narrower_loop():
 
 
 def _rober_lanes(lanes: int = 80):
+    """A jitted, vmapped ``(loss, (states, status, steps)), gradient in the rate scales`` of
+    ``lanes`` Robertson solves, every tenth to t = 1e5 instead of 10 (about four times the steps),
+    and its inputs."""
     problem = ds.examples.rober().build()
     y0, p0 = jnp.asarray(problem.spec.y0), problem.parameter_vector()
-    # Every tenth lane integrates to 1e5 instead of 10: about four times the steps.
+
+    def loss(s, te):
+        sol = ds.simulate(problem, y0, jnp.stack([te / 2, te]), p0 * s, rtol=1e-8, atol=1e-10, throw=False)
+        return jnp.sum(sol.ys[:, 1]) * 1e4, (sol.ys, sol.status, sol.stats["n_steps"])
+
     t_end = np.where(np.arange(lanes) % 10 == 0, 1e5, 1e1)
     scale = np.linspace(0.8, 1.2, lanes)
-
-    def lane(te, s):
-        sol = ds.simulate(problem, y0, jnp.stack([te / 2, te]), p0 * s, rtol=1e-8, atol=1e-10, throw=False)
-        return sol.ys, sol.status, sol.stats["n_steps"]
-
-    def loss(te, s):
-        return jnp.sum(lane(te, s)[0][:, 1]) * 1e4
-
-    return lane, loss, t_end, scale
+    scale[0] = np.nan  # lane 0 (a slow one) cannot start: NONFINITE_STATE
+    return jax.jit(jax.vmap(jax.value_and_grad(loss, has_aux=True))), (scale, t_end)
 
 
 def test_simulate_with_lanes_regrouped_equals_lock_step_and_so_does_its_adjoint_gradient():
-    lane, loss, t_end, scale = _rober_lanes()
-    forward = jax.jit(jax.vmap(lane))
-    gradient = jax.jit(jax.vmap(jax.grad(loss, argnums=1)))
-    ref_ys, ref_status, ref_steps = forward(t_end, scale)
-    ref_grad = gradient(t_end, scale)
+    """The forward pass (which records the adjoint's checkpoints) and the adjoint's sweep regrouped
+    give lock-step's states, statuses, step counts and gradients; a lane that cannot start keeps
+    its status and leaves its neighbours as lock-step does."""
+    lock_step, inputs = _rober_lanes()
+    (_, (ref_ys, ref_status, ref_steps)), ref_grad = lock_step(*inputs)
     with compacting_lanes(LaneCompaction()):
-        forward_regrouped = jax.jit(jax.vmap(lane))
-        ys, status, steps = forward_regrouped(t_end, scale)
-        grad = jax.jit(jax.vmap(jax.grad(loss, argnums=1)))(t_end, scale)
-    assert steps.max() > 3 * steps.min()  # the slow tenth
-    np.testing.assert_array_equal(status, ref_status)
-    np.testing.assert_array_equal(steps, ref_steps)
-    np.testing.assert_allclose(ys, ref_ys, rtol=1e-12, atol=0)
-    np.testing.assert_allclose(grad, ref_grad, rtol=1e-10, atol=0)
-    # The setting is read when the loop is traced: the program traced outside the context is lock-step.
-    assert "f64[10,3]" in str(jax.make_jaxpr(forward_regrouped)(t_end, scale))
-    assert "f64[10,3]" not in str(jax.make_jaxpr(forward)(t_end, scale))
-
-
-def test_a_failing_lane_keeps_its_status_and_leaves_its_neighbours_as_lock_step_does():
-    lane, _, t_end, scale = _rober_lanes()
-    scale = scale.copy()
-    scale[0] = np.nan  # lane 0 (a slow one) cannot start: NONFINITE_STATE
-    with compacting_lanes(LaneCompaction()):
-        ys, status, steps = jax.jit(jax.vmap(lane))(t_end, scale)
-    ref_ys, ref_status, ref_steps = jax.jit(jax.vmap(lane))(t_end, scale)
+        regrouped, _ = _rober_lanes()
+        (_, (ys, status, steps)), grad = regrouped(*inputs)
     assert int(status[0]) == int(ds.integrate.Status.NONFINITE_STATE) and np.all(status[1:] == 0)
+    assert steps[1:].max() > 3 * steps[1:].min()  # the slow tenth
     np.testing.assert_array_equal(status, ref_status)
     np.testing.assert_array_equal(steps, ref_steps)
     np.testing.assert_allclose(ys[1:], ref_ys[1:], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(grad[1:], ref_grad[1:], rtol=1e-10, atol=0)
+    assert np.isnan(grad[0]) and np.isnan(ref_grad[0])
+    # The setting is read when the solve is traced: the program traced outside the context is
+    # lock-step (the narrower loop holds 10 of the 80 lanes' 3 states).
+    assert "f64[10,3]" in str(jax.make_jaxpr(regrouped)(*inputs))
+    assert "f64[10,3]" not in str(jax.make_jaxpr(lock_step)(*inputs))
 
 
 @pytest.mark.klu
@@ -162,14 +149,13 @@ def _spread_study(n: int = 80):
     return ds.Study(spec.build(), exps, [Parameter("a", 0.1, 0.01, 1.0)])
 
 
-@pytest.mark.slow
 def test_lower_with_lanes_regrouped_gives_lock_steps_numbers_and_auto_chooses_it_by_the_costs():
+    """Values and forward-sensitivity Jacobians (the adjoint is checked through ``ds.simulate``)."""
     study, theta = _spread_study(), np.array([-0.8])
     results = {}
     for mode in ("vmap", "compact", "auto"):
         low = ds.lower(study, lane_mode=mode, experiments_per_chunk=80)
-        v = low.value(theta)
-        results[mode] = (v, low.value(theta), *low.value_and_grad(theta), *low.residuals_and_jacobian(theta))
+        results[mode] = (low.value(theta), low.value(theta), *low.residuals_and_jacobian(theta))
         if mode == "auto":
             auto = low
     for mode in ("compact", "auto"):
