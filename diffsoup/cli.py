@@ -18,9 +18,7 @@ import argparse
 import contextlib
 import math
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import jax
@@ -543,16 +541,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"diffsoup {args.command}: {_one_line(exc)}", file=sys.stderr)
             return INPUT_ERROR
     existed = out is not None and out.exists()
-    from .workflows._interrupted import interrupt_quietly
+    from .workflows._interrupted import install_quiet_interrupt
     from .workflows._one_line_warnings import one_line_warnings
 
     restore = contextlib.ExitStack()
     one_line_warnings(restore)
-    interrupt = None
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
-        interrupt = interrupt_quietly(restore)
-        restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, interrupt))
-        restore.callback(interrupt.acknowledge)  # (first at the close) nothing delivered once the handler is gone
+    interrupt = install_quiet_interrupt(restore)
     try:
         try:
             return args.func(args)

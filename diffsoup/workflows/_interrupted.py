@@ -169,3 +169,14 @@ def interrupt_quietly(stack: contextlib.ExitStack) -> QuietInterrupt:
     """The command's SIGINT handler (:class:`QuietInterrupt`); what it changes comes back when
     ``stack`` closes."""
     return QuietInterrupt(stack)
+
+
+def install_quiet_interrupt(stack: contextlib.ExitStack) -> QuietInterrupt | None:
+    """Make :func:`interrupt_quietly`'s handler the SIGINT handler until ``stack`` closes (None,
+    nothing installed, off the main thread or where SIGINT's handler is not Python's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        return None
+    handler = interrupt_quietly(stack)
+    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, handler))
+    stack.callback(handler.acknowledge)  # first at the close: nothing delivered once the handler is gone
+    return handler
